@@ -1,0 +1,36 @@
+# Two commands do all the set-up: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench gpu-check lint clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# torch first, pinned to the CPU build held locally, so that no CUDA build is pulled.
+$(STAMP): $(PY) pyproject.toml
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m lazytensor.demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+bench: $(STAMP)
+	$(PY) -m lazytensor.bench
+
+gpu-check: $(STAMP)
+	$(PY) -m lazytensor.gpu_check
+
+lint: $(STAMP)
+	$(PY) -m pip install -q ruff
+	$(PY) -m ruff check lazytensor codegen cache tests
+
+clean:
+	rm -rf $(VENV) build *.egg-info

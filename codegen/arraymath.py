@@ -1,0 +1,81 @@
+"""Array namespaces used by the op references: NumPy for the oracle, torch for gathers.
+
+Each op's reference is written once against this small namespace, so the same code
+evaluates a formula densely in NumPy (the test oracle) and in torch (differentiable
+evaluation at gathered indices, e.g. the gradient of a min reduction).
+Arrays have the vector dimension last.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from types import SimpleNamespace
+
+import numpy as np
+
+_SAME_NAMES = (
+    "exp log sqrt abs sin cos tan tanh sinh cosh arcsin arccos arctan arctan2 arcsinh "
+    "arccosh arctanh log1p expm1 floor ceil sign where maximum minimum"
+).split()
+
+
+def _numpy_erf(name):
+    def f(a):
+        from scipy import special
+
+        return getattr(special, name)(a)
+
+    return f
+
+
+@functools.lru_cache(maxsize=None)
+def numpy_namespace() -> SimpleNamespace:
+    ns = {name: getattr(np, name) for name in _SAME_NAMES}
+    ns.update(
+        erf=_numpy_erf("erf"),
+        erfc=_numpy_erf("erfc"),
+        vsum=lambda a: a.sum(axis=-1, keepdims=True),
+        vmax=lambda a: a.max(axis=-1, keepdims=True),
+        vmin=lambda a: a.min(axis=-1, keepdims=True),
+        vargmax=lambda a: a.argmax(axis=-1)[..., None].astype(a.dtype),
+        vargmin=lambda a: a.argmin(axis=-1)[..., None].astype(a.dtype),
+        concat=lambda arrays: np.concatenate(_broadcast_leading(arrays, np), axis=-1),
+        zeros_like=np.zeros_like,
+        as_float=lambda cond, like: np.asarray(cond).astype(like.dtype),
+        arange=lambda n, like: np.arange(n, dtype=like.dtype),
+        asarray=lambda v, like: np.asarray(v, dtype=like.dtype),
+        pi=math.pi,
+        name="numpy",
+    )
+    return SimpleNamespace(**ns)
+
+
+def _broadcast_leading(arrays, lib):
+    """Broadcast all but the last axis, so arrays can be concatenated on the last one."""
+    shape = lib.broadcast_shapes(*[tuple(a.shape[:-1]) for a in arrays])
+    return [lib.broadcast_to(a, (*shape, a.shape[-1])) for a in arrays]
+
+
+@functools.lru_cache(maxsize=None)
+def torch_namespace() -> SimpleNamespace:
+    import torch
+
+    ns = {name: getattr(torch, name) for name in _SAME_NAMES}
+    ns.update(
+        erf=torch.erf,
+        erfc=torch.erfc,
+        vsum=lambda a: a.sum(dim=-1, keepdim=True),
+        vmax=lambda a: a.max(dim=-1, keepdim=True).values,
+        vmin=lambda a: a.min(dim=-1, keepdim=True).values,
+        vargmax=lambda a: a.argmax(dim=-1, keepdim=True).to(a.dtype),
+        vargmin=lambda a: a.argmin(dim=-1, keepdim=True).to(a.dtype),
+        concat=lambda arrays: torch.cat(_broadcast_leading(arrays, torch), dim=-1),
+        zeros_like=torch.zeros_like,
+        as_float=lambda cond, like: cond.to(like.dtype),
+        arange=lambda n, like: torch.arange(n, dtype=like.dtype, device=like.device),
+        asarray=lambda v, like: torch.as_tensor(v, dtype=like.dtype, device=like.device),
+        pi=math.pi,
+        name="torch",
+    )
+    return SimpleNamespace(**ns)

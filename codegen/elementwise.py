@@ -1,0 +1,358 @@
+"""Elementwise ops: scalar functions applied componentwise, broadcasting dimension 1.
+
+An elementwise op is a few lines: its scalar expression (a sympy expression in
+``a0, a1, ...``, or a C template where the C needs care), its reference, and, when
+sympy's derivative is not the numerically best form, its partial derivatives as IR.
+The VJP and JVP rules are derived from the partial derivatives once, for all of them.
+
+>>> from codegen import ir, ops
+>>> x = ir.var(0, 2, "i")
+>>> ops.apply("sigmoid", x).dim
+2
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from typing import Callable, Optional
+
+from . import ir
+from .ops import OpDef, apply, broadcast_dim, c_literal, elem, register
+
+
+def _vjp_from_partials(node: ir.Node, g: ir.Node):
+    partials = partial_derivatives(node)
+    out = []
+    for a, p in zip(node.args, partials):
+        if p is None:
+            out.append(None)
+            continue
+        contrib = apply("mul", g, p)
+        if a.dim == 1 and contrib.dim > 1:
+            contrib = apply("sum", contrib)
+        out.append(contrib)
+    return out
+
+
+def _jvp_from_partials(node: ir.Node, tangents):
+    partials = partial_derivatives(node)
+    total = None
+    for p, t in zip(partials, tangents):
+        if p is None or t is None:
+            continue
+        term = apply("mul", p, t)
+        total = term if total is None else apply("add", total, term)
+    if total is not None and total.dim != node.dim:
+        total = apply("expand", total, params=(node.dim,))
+    return total
+
+
+def partial_derivatives(node: ir.Node) -> list:
+    """``[∂node/∂arg_k]`` as IR (None where the op has no derivative in that argument)."""
+    opdef = ELEMENTWISE[node.op]
+    if opdef.derivs is not None:
+        return list(opdef.derivs(*node.args, *node.params))
+    if opdef.sym is None:
+        return [None] * len(node.args)
+    return _sympy_partials(node.op, node.params, node.args)
+
+
+def _sympy_partials(name, params, args):
+    from . import sympy_bridge
+
+    exprs = _sympy_derivative_exprs(name, params)
+    return [None if e is None else sympy_bridge.to_ir(e, list(args)) for e in exprs]
+
+
+@functools.lru_cache(maxsize=None)
+def _sympy_derivative_exprs(name, params):
+    import sympy
+
+    from . import sympy_bridge
+
+    opdef = ELEMENTWISE[name]
+    syms = sympy_bridge.symbols(opdef.arity)
+    expr = opdef.sym(*syms, *params)
+    out = []
+    for s in syms:
+        d = sympy.diff(expr, s)
+        d = d.replace(sympy.DiracDelta, lambda *a: sympy.Integer(0))
+        out.append(None if d == 0 else d)
+    return out
+
+
+class ElementwiseDef:
+    """Source description of an elementwise op (kept for its derivative and C text)."""
+
+    def __init__(self, name, arity, sym=None, c=None, ref=None, derivs=None):
+        self.name, self.arity, self.sym, self.c, self.ref, self.derivs = (
+            name,
+            arity,
+            sym,
+            c,
+            ref,
+            derivs,
+        )
+
+
+ELEMENTWISE: dict[str, ElementwiseDef] = {}
+
+
+def _c_text(edef: ElementwiseDef, dtype: str, arg_texts, params) -> str:
+    if edef.c is not None:
+        return edef.c(dtype, *arg_texts, *params)
+    return _sympy_c_text(edef.name, dtype, tuple(arg_texts), params)
+
+
+@functools.lru_cache(maxsize=4096)
+def _sympy_c_text(name, dtype, arg_texts, params):
+    from . import sympy_bridge
+
+    edef = ELEMENTWISE[name]
+    expr = edef.sym(*sympy_bridge.symbols(edef.arity), *params)
+    return sympy_bridge.c_expression(expr, dtype, list(arg_texts))
+
+
+def _lambdified_ref(edef: ElementwiseDef):
+    @functools.lru_cache(maxsize=None)
+    def compiled(xp_name, params):
+        import sympy
+
+        from . import arraymath, sympy_bridge
+
+        xp = arraymath.numpy_namespace() if xp_name == "numpy" else arraymath.torch_namespace()
+        table = {
+            "exp": xp.exp, "log": xp.log, "sqrt": xp.sqrt, "sin": xp.sin, "cos": xp.cos,
+            "tan": xp.tan, "tanh": xp.tanh, "sinh": xp.sinh, "cosh": xp.cosh,
+            "asin": xp.arcsin, "acos": xp.arccos, "atan": xp.arctan, "atan2": xp.arctan2,
+            "asinh": xp.arcsinh, "acosh": xp.arccosh, "atanh": xp.arctanh, "erf": xp.erf,
+            "erfc": xp.erfc, "log1p": xp.log1p, "expm1": xp.expm1, "floor": xp.floor,
+            "ceiling": xp.ceil, "sign": xp.sign, "Abs": xp.abs, "abs": xp.abs, "pi": xp.pi,
+            "E": 2.718281828459045,
+        }  # fmt: skip
+        syms = sympy_bridge.symbols(edef.arity)
+        return sympy.lambdify(syms, edef.sym(*syms, *params), modules=[table])
+
+    def ref(xp, arrays, params):
+        return compiled(xp.name, tuple(params))(*arrays)
+
+    return ref
+
+
+def define(
+    name: str,
+    arity: int,
+    sym: Optional[Callable] = None,
+    c: Optional[Callable] = None,
+    ref: Optional[Callable] = None,
+    derivs: Optional[Callable] = None,
+    sympy_func=None,
+    differentiable: bool = True,
+    doc: str = "",
+) -> OpDef:
+    """Register an elementwise op.
+
+    ``sym(a0, ..., *params)`` returns its sympy expression; ``c(dtype, a0, ..., *params)``
+    optionally overrides its C text; ``ref(xp, arrays, params)`` its reference;
+    ``derivs(a0, ..., *params)`` its partial derivatives as IR (default: sympy's).
+    """
+    edef = ElementwiseDef(name, arity, sym, c, ref, derivs)
+    if not differentiable:
+        edef.derivs = lambda *a: [None] * arity
+    ELEMENTWISE[name] = edef
+
+    def emit(node, out, args, dtype):
+        dims = [a.dim for a in node.args]
+        texts = [elem(a, d, "k") for a, d in zip(args, dims)]
+        expr = _c_text(edef, dtype, texts, node.params)
+        if node.dim == 1:
+            return f"{out}[0] = {expr};"
+        return f"for (int k = 0; k < {node.dim}; ++k) {out}[k] = {expr};"
+
+    return register(
+        OpDef(
+            name=name,
+            arity=arity,
+            dim_rule=broadcast_dim(name),
+            emit=emit,
+            ref=ref if ref is not None else _lambdified_ref(edef),
+            vjp=_vjp_from_partials,
+            jvp=_jvp_from_partials,
+            sympy_func=sympy_func,
+            differentiable=differentiable,
+            doc=doc,
+        )
+    )
+
+
+# ------------------------------------------------------------------ helpers for rules
+
+
+def _c(v: float):
+    return ir.const(v)
+
+
+def _step(x):
+    return apply("step", x)
+
+
+def _fn(name):
+    return lambda dtype, *a: f"{name}{'f' if dtype == 'float32' else ''}({', '.join(a)})"
+
+
+def _np(fname):
+    return lambda xp, arrays, params: getattr(xp, fname)(*arrays)
+
+
+def _sp(fname):
+    def sym(*a):
+        import sympy
+
+        return getattr(sympy, fname)(*a)
+
+    return sym
+
+
+def _nan_guard(expr: str, *args: str) -> str:
+    """Make a branchy C expression propagate NaN from its operands, as NumPy does."""
+    test = " || ".join(f"{a} != {a}" for a in args)
+    return f"(({test}) ? ({' + '.join(args)}) : {expr})"
+
+
+# ------------------------------------------------------------------ arithmetic
+
+define("add", 2, sym=lambda a, b: a + b, c=lambda dt, a, b: f"({a} + {b})",
+       ref=lambda xp, t, p: t[0] + t[1], derivs=lambda a, b: [_c(1), _c(1)])
+define("sub", 2, sym=lambda a, b: a - b, c=lambda dt, a, b: f"({a} - {b})",
+       ref=lambda xp, t, p: t[0] - t[1], derivs=lambda a, b: [_c(1), _c(-1)])
+define("mul", 2, sym=lambda a, b: a * b, c=lambda dt, a, b: f"({a} * {b})",
+       ref=lambda xp, t, p: t[0] * t[1], derivs=lambda a, b: [b, a])
+define("div", 2, sym=lambda a, b: a / b, c=lambda dt, a, b: f"({a} / {b})",
+       ref=lambda xp, t, p: t[0] / t[1],
+       derivs=lambda a, b: [apply("pow", b, params=(-1.0,)),
+                            apply("neg", apply("div", a, apply("mul", b, b)))])
+define("neg", 1, sym=lambda a: -a, c=lambda dt, a: f"(-{a})",
+       ref=lambda xp, t, p: -t[0], derivs=lambda a: [_c(-1)])
+
+
+def _pow_c(dtype, a, p):
+    p = float(p)
+    if p == int(p) and 0 <= p <= 16:
+        n = int(p)
+        return "((T)1)" if n == 0 else "(" + "*".join([a] * n) + ")"
+    if p == int(p) and -16 <= p < 0:
+        return f"((T)1/(" + "*".join([a] * int(-p)) + "))"
+    if p == 0.5:
+        return _fn("sqrt")(dtype, a)
+    if p == -0.5:
+        return f"((T)1/{_fn('sqrt')(dtype, a)})"
+    return _fn("pow")(dtype, a, c_literal(p, dtype))
+
+
+def _pow_ref(xp, t, params):
+    (p,) = params
+    if p == 0.5:
+        return xp.sqrt(t[0])
+    if p == -0.5:
+        return 1 / xp.sqrt(t[0])
+    return t[0] ** (int(p) if p == int(p) else p)
+
+
+define("pow", 1, sym=lambda a, p: a ** p, c=_pow_c, ref=_pow_ref,
+       derivs=lambda a, p: [None if p == 0 else
+                            apply("mul", _c(p), apply("pow", a, params=(p - 1.0,)))],
+       doc="a ** p for a static exponent p (int, float, 0.5, -0.5)")
+
+
+# ------------------------------------------------------------------ branches and comparisons
+
+define("ifelse", 3, c=lambda dt, c, a, b: f"({c} >= 0 ? {a} : {b})",
+       ref=lambda xp, t, p: xp.where(t[0] >= 0, t[1], t[2]),
+       derivs=lambda c, a, b: [None, _step(c), apply("sub", _c(1), _step(c))],
+       doc="a where c >= 0, else b (as pykeops)")
+define("step", 1, sym=lambda a: _sp("Heaviside")(a), ref=lambda xp, t, p: xp.where(
+    t[0] != t[0], t[0], xp.as_float(t[0] >= 0, t[0])), differentiable=False)
+define("sign", 1, sym=lambda a: _sp("sign")(a), sympy_func="sign",
+       ref=_np("sign"), differentiable=False)
+define("relu", 1, c=lambda dt, a: f"({a} < 0 ? ({a})*0 : {a})",
+       ref=lambda xp, t, p: xp.where(t[0] < 0, t[0] * 0, t[0]),
+       derivs=lambda a: [apply("sub", _c(1), _step(apply("neg", a)))])
+define("abs", 1, c=_fn("fabs"), ref=_np("abs"), sympy_func="Abs",
+       derivs=lambda a: [apply("sign", a)])
+define("min2", 2, c=lambda dt, a, b: _nan_guard(f"({a} <= {b} ? {a} : {b})", a, b),
+       ref=_np("minimum"),
+       derivs=lambda a, b: [_step(apply("sub", b, a)), apply("sub", _c(1), _step(apply("sub", b, a)))])
+define("max2", 2, c=lambda dt, a, b: _nan_guard(f"({a} >= {b} ? {a} : {b})", a, b),
+       ref=_np("maximum"),
+       derivs=lambda a, b: [_step(apply("sub", a, b)), apply("sub", _c(1), _step(apply("sub", a, b)))])
+define("clamp", 3, c=lambda dt, x, a, b: f"({x} < {a} ? {a} : ({x} > {b} ? {b} : {x}))",
+       ref=lambda xp, t, p: xp.where(t[0] < t[1], t[1], xp.where(t[0] > t[2], t[2], t[0])),
+       derivs=lambda x, a, b: [
+           apply("mul", _step(apply("sub", x, a)), _step(apply("sub", b, x))),
+           apply("sub", _c(1), _step(apply("sub", x, a))),
+           apply("mul", _step(apply("sub", x, a)), apply("sub", _c(1), _step(apply("sub", b, x)))),
+       ], doc="x clamped to [a, b]")
+
+_COMPARISONS = {"eq": ("==", operator.eq), "ne": ("!=", operator.ne), "lt": ("<", operator.lt),
+                "gt": (">", operator.gt), "le": ("<=", operator.le), "ge": (">=", operator.ge)}
+for _name, (_op, _pyop) in _COMPARISONS.items():
+    define(_name, 2, c=lambda dt, a, b, _op=_op: f"(({a} {_op} {b}) ? (T)1 : (T)0)",
+           ref=lambda xp, t, p, _pyop=_pyop: xp.as_float(_pyop(t[0], t[1]), t[0]),
+           differentiable=False, doc=f"1.0 where a {_op} b, else 0.0")
+
+define("floor", 1, c=_fn("floor"), ref=_np("floor"), sympy_func="floor", differentiable=False)
+define("ceil", 1, c=_fn("ceil"), ref=_np("ceil"), sympy_func="ceiling", differentiable=False)
+define("round", 1, c=_fn("round"), differentiable=False,
+       ref=lambda xp, t, p: xp.sign(t[0]) * xp.floor(xp.abs(t[0]) + 0.5),
+       doc="round half away from zero, as C round()")
+
+# ------------------------------------------------------------------ transcendental functions
+
+for _name, _sym, _np_name, _cname in (
+    ("exp", "exp", "exp", "exp"), ("log", "log", "log", "log"), ("sqrt", "sqrt", "sqrt", "sqrt"),
+    ("sin", "sin", "sin", "sin"), ("cos", "cos", "cos", "cos"), ("tan", "tan", "tan", "tan"),
+    ("sinh", "sinh", "sinh", "sinh"), ("cosh", "cosh", "cosh", "cosh"),
+    ("asin", "asin", "arcsin", "asin"), ("acos", "acos", "arccos", "acos"),
+    ("atan", "atan", "arctan", "atan"), ("asinh", "asinh", "arcsinh", "asinh"),
+    ("acosh", "acosh", "arccosh", "acosh"), ("atanh", "atanh", "arctanh", "atanh"),
+    ("erf", "erf", "erf", "erf"), ("erfc", "erfc", "erfc", "erfc"),
+):  # fmt: skip
+    define(_name, 1, sym=_sp(_sym), c=_fn(_cname), ref=_np(_np_name), sympy_func=_sym)
+
+define("atan2", 2, sym=_sp("atan2"), c=_fn("atan2"), ref=_np("arctan2"), sympy_func="atan2")
+define("tanh", 1, sym=_sp("tanh"), c=_fn("tanh"), ref=_np("tanh"), sympy_func="tanh",
+       derivs=lambda a: [apply("sub", _c(1), apply("square", apply("tanh", a)))])
+define("log1p", 1, sym=lambda a: _sp("log")(1 + a), c=_fn("log1p"), ref=_np("log1p"),
+       derivs=lambda a: [apply("pow", apply("add", _c(1), a), params=(-1.0,))])
+define("expm1", 1, sym=lambda a: _sp("exp")(a) - 1, c=_fn("expm1"), ref=_np("expm1"),
+       derivs=lambda a: [apply("exp", a)])
+define("square", 1, sym=lambda a: a * a, c=lambda dt, a: f"({a} * {a})",
+       ref=lambda xp, t, p: t[0] * t[0], derivs=lambda a: [apply("mul", _c(2), a)])
+define("inv", 1, sym=lambda a: 1 / a, c=lambda dt, a: f"((T)1 / {a})",
+       ref=lambda xp, t, p: 1 / t[0], derivs=lambda a: [apply("neg", apply("pow", a, params=(-2.0,)))])
+define("rsqrt", 1, sym=lambda a: a ** _sp("Rational")(-1, 2),
+       c=lambda dt, a: f"((T)1 / {_fn('sqrt')(dt, a)})", ref=lambda xp, t, p: 1 / xp.sqrt(t[0]),
+       derivs=lambda a: [apply("mul", _c(-0.5), apply("pow", a, params=(-1.5,)))])
+define("sigmoid", 1, sym=lambda a: 1 / (1 + _sp("exp")(-a)),
+       c=lambda dt, a: f"((T)1 / ((T)1 + {_fn('exp')(dt, '-' + a)}))",
+       ref=lambda xp, t, p: 1 / (1 + xp.exp(-t[0])),
+       derivs=lambda a: [apply("mul", apply("sigmoid", a), apply("sub", _c(1), apply("sigmoid", a)))])
+define("softplus", 1, sym=lambda a: _sp("log")(1 + _sp("exp")(a)),
+       c=lambda dt, a: f"({a} > 0 ? {a} + {_fn('log1p')(dt, _fn('exp')(dt, '-' + a))} : "
+                       f"{_fn('log1p')(dt, _fn('exp')(dt, a))})",
+       ref=lambda xp, t, p: xp.maximum(t[0], 0 * t[0]) + xp.log1p(xp.exp(-xp.abs(t[0]))),
+       derivs=lambda a: [apply("sigmoid", a)], doc="log(1 + exp(a)), overflow-free")
+define("logsigmoid", 1, sym=lambda a: -_sp("log")(1 + _sp("exp")(-a)),
+       c=lambda dt, a: f"(-({a} < 0 ? -{a} + {_fn('log1p')(dt, _fn('exp')(dt, a))} : "
+                       f"{_fn('log1p')(dt, _fn('exp')(dt, '-' + a))}))",
+       ref=lambda xp, t, p: -(xp.maximum(-t[0], 0 * t[0]) + xp.log1p(xp.exp(-xp.abs(t[0])))),
+       derivs=lambda a: [apply("sigmoid", apply("neg", a))])
+define("xlogx", 1, sym=lambda a: a * _sp("log")(a),
+       c=lambda dt, a: f"({a} == 0 ? (T)0 : {a} * {_fn('log')(dt, a)})",
+       ref=lambda xp, t, p: xp.where(t[0] == 0, 0 * t[0], t[0] * xp.log(xp.where(t[0] == 0, 1 + 0 * t[0], t[0]))),
+       derivs=lambda a: [apply("add", apply("log", a), _c(1))], doc="x log x, 0 at 0")
+define("sinxdivx", 1, sym=lambda a: _sp("sin")(a) / a,
+       c=lambda dt, a: f"({a} == 0 ? (T)1 : {_fn('sin')(dt, a)} / {a})",
+       ref=lambda xp, t, p: xp.where(t[0] == 0, 1 + 0 * t[0], xp.sin(t[0]) / xp.where(t[0] == 0, 1 + 0 * t[0], t[0])),
+       doc="sin(x)/x, 1 at 0")

@@ -1,0 +1,430 @@
+"""The reduction registry: accumulator, init / push / merge / write hooks, reference.
+
+A reduction sees one formula ``F`` of dimension ``F`` per pair (weighted reductions take
+``F = concat(f, w)`` with ``f`` scalar). Its C hooks are emitted once as an ``Acc`` struct
+with ``init``, ``push(f, j)`` (one more term), ``tile(fb, nj, j0)`` (a tile of terms laid
+out ``fb[c*TJ + jj]``, the CPU fast path), ``merge`` (two partial accumulators, for split-j
+schemes) and ``write`` (the outputs of one row). The same struct compiles with g++ and nvcc.
+
+>>> r = get("argkmin"); [o.dim for o in r.outputs(1, {"K": 5})]
+[5]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Output:
+    dim: int
+    kind: str  # "value" (dtype T) or "index" (int64)
+
+
+class Reduction:
+    name: str = ""
+    aliases: tuple = ()
+    needs_weight = False  # F = concat(f (scalar), w)
+
+    def outputs(self, F: int, opts: dict) -> list[Output]:
+        raise NotImplementedError
+
+    def check(self, F: int, opts: dict, M: int | None = None) -> None:
+        """Raise ValueError for a formula dimension or options this reduction can't take."""
+
+    def acc_code(self, F: int, opts: dict) -> str:
+        """C++ of ``struct Acc`` (uses typedefs T, TA and the constants TJ)."""
+        raise NotImplementedError
+
+    def ref(self, values: np.ndarray, opts: dict, j0: int = 0) -> list[np.ndarray]:
+        """Reference over the pair axis -2 of ``values`` (..., M, F), float64."""
+        raise NotImplementedError
+
+
+REDUCTIONS: dict[str, Reduction] = {}
+
+
+def register(cls):
+    r = cls()
+    for n in (r.name, *r.aliases):
+        REDUCTIONS[n.lower()] = r
+    return cls
+
+
+def get(name: str) -> Reduction:
+    try:
+        return REDUCTIONS[name.lower().replace("_reduction", "")]
+    except KeyError:
+        raise ValueError(
+            f"unknown reduction {name!r}; known: {sorted(set(r.name for r in REDUCTIONS.values()))}"
+        ) from None
+
+
+def _write(outs_index: int, kind: str, dim: int, expr_k: str) -> str:
+    ctype = "T" if kind == "value" else "int64_t"
+    return (f"{{ {ctype}* o = ({ctype}*)outs[{outs_index}] + row * {dim}; "
+            f"for (int k = 0; k < {dim}; ++k) o[k] = {expr_k}; }}")
+
+
+# ------------------------------------------------------------------------------- Sum
+
+
+@register
+class Sum(Reduction):
+    name = "sum"
+
+    def outputs(self, F, opts):
+        return [Output(F, "value")]
+
+    def acc_code(self, F, opts):
+        scheme = opts.get("sum_scheme", "block_sum")
+        add = ("{ TA y = (TA)(x) - c[k]; TA t = s[k] + y; c[k] = (t - s[k]) - y; s[k] = t; }"
+               if scheme == "kahan_scheme" else "s[k] += (TA)(x);")
+        tile_body = (
+            f"for (int k = 0; k < {F}; ++k) {{ for (int jj = 0; jj < nj; ++jj) {{ const T x = fb[k * TJ + jj]; {add} }} }}"
+            if scheme in ("direct_sum", "kahan_scheme") else
+            f"for (int k = 0; k < {F}; ++k) {{ T t = 0;\n"
+            f"      _Pragma(\"omp simd reduction(+:t)\") for (int jj = 0; jj < nj; ++jj) t += fb[k * TJ + jj];\n"
+            f"      const T x = t; {add} }}"
+        )
+        return f"""
+struct Acc {{
+  TA s[{F}]; TA c[{F}];
+  LT_HD LT_INLINE void init() {{ for (int k = 0; k < {F}; ++k) {{ s[k] = 0; c[k] = 0; }} }}
+  LT_HD LT_INLINE void push(const T* f, int64_t j) {{ for (int k = 0; k < {F}; ++k) {{ const T x = f[k]; {add} }} }}
+  LT_INLINE void tile(const T* fb, int nj, int64_t j0) {{ {tile_body} }}
+  LT_HD LT_INLINE void merge(const Acc& o) {{ for (int k = 0; k < {F}; ++k) {{ const TA x = o.s[k] - o.c[k]; {add.replace("(TA)(x)", "x")} }} }}
+  LT_HD LT_INLINE void write(void* const* outs, int64_t row) const {{ {_write(0, "value", F, "(T)(s[k] - c[k])")} }}
+}};"""
+
+    def ref(self, values, opts, j0=0):
+        return [values.sum(axis=-2)]
+
+
+# ---------------------------------------------------------------- Min / Max and their args
+
+_BETTER = """
+// (a, ia) replaces (b, ib)? ib < 0 marks an empty slot. NaN counts as the best value
+// (numpy.min/argmin propagate NaN); ties go to the lowest index.
+LT_HD LT_INLINE bool lt_better(T a, int64_t ia, T b, int64_t ib, bool want_min) {
+  if (ib < 0) return ia >= 0;
+  if (ia < 0) return false;
+  const bool an = a != a, bn = b != b;
+  if (an || bn) return an && (!bn || ia < ib);
+  if (a == b) return ia < ib;
+  return want_min ? a < b : a > b;
+}
+// K-min order: NaN last (as numpy.sort), ties to the lowest index.
+LT_HD LT_INLINE bool lt_kbetter(T a, int64_t ia, T b, int64_t ib, bool want_min) {
+  if (ib < 0) return ia >= 0;
+  if (ia < 0) return false;
+  const bool an = a != a, bn = b != b;
+  if (an || bn) return !an || (bn && ia < ib);
+  if (a == b) return ia < ib;
+  return want_min ? a < b : a > b;
+}
+"""
+
+
+class _Select(Reduction):
+    want_min = True
+    with_value = True
+    with_index = False
+
+    def outputs(self, F, opts):
+        outs = []
+        if self.with_value:
+            outs.append(Output(F, "value"))
+        if self.with_index:
+            outs.append(Output(F, "index"))
+        return outs
+
+    def acc_code(self, F, opts):
+        wm = "true" if self.want_min else "false"
+        writes = []
+        if self.with_value:
+            writes.append(_write(0, "value", F, "v[k]"))
+        if self.with_index:
+            writes.append(_write(len(writes), "index", F, "i[k]"))
+        init_v = "(T)INFINITY" if self.want_min else "-(T)INFINITY"
+        return _BETTER + f"""
+struct Acc {{
+  T v[{F}]; int64_t i[{F}];
+  LT_HD LT_INLINE void init() {{ for (int k = 0; k < {F}; ++k) {{ v[k] = {init_v}; i[k] = -1; }} }}
+  LT_HD LT_INLINE void push(const T* f, int64_t j) {{
+    for (int k = 0; k < {F}; ++k) if (lt_better(f[k], j, v[k], i[k], {wm})) {{ v[k] = f[k]; i[k] = j; }} }}
+  LT_INLINE void tile(const T* fb, int nj, int64_t j0) {{
+    for (int k = 0; k < {F}; ++k) for (int jj = 0; jj < nj; ++jj)
+      if (lt_better(fb[k * TJ + jj], j0 + jj, v[k], i[k], {wm})) {{ v[k] = fb[k * TJ + jj]; i[k] = j0 + jj; }} }}
+  LT_HD LT_INLINE void merge(const Acc& o) {{
+    for (int k = 0; k < {F}; ++k) if (lt_better(o.v[k], o.i[k], v[k], i[k], {wm})) {{ v[k] = o.v[k]; i[k] = o.i[k]; }} }}
+  LT_HD LT_INLINE void write(void* const* outs, int64_t row) const {{ {" ".join(writes)} }}
+}};"""
+
+    def ref(self, values, opts, j0=0):
+        M = values.shape[-2]
+        outs = []
+        if M == 0:
+            shape = values.shape[:-2] + values.shape[-1:]
+            v = np.full(shape, np.inf if self.want_min else -np.inf)
+            idx = np.full(shape, -1, dtype=np.int64)
+        else:
+            idx = (values.argmin if self.want_min else values.argmax)(axis=-2)
+            v = np.take_along_axis(values, idx[..., None, :], axis=-2)[..., 0, :]
+            idx = idx.astype(np.int64) + j0
+        if self.with_value:
+            outs.append(v)
+        if self.with_index:
+            outs.append(idx)
+        return outs
+
+
+def _select(name, want_min, with_value, with_index, aliases=()):
+    cls = type(name.title(), (_Select,), dict(
+        name=name, want_min=want_min, with_value=with_value, with_index=with_index,
+        aliases=aliases))
+    register(cls)
+
+
+_select("min", True, True, False)
+_select("max", False, True, False)
+_select("argmin", True, False, True)
+_select("argmax", False, False, True)
+_select("min_argmin", True, True, True, aliases=("minargmin",))
+_select("max_argmax", False, True, True, aliases=("maxargmax",))
+
+
+class _KSelect(Reduction):
+    want_min = True
+    with_value = True
+    with_index = False
+
+    def outputs(self, F, opts):
+        K = int(opts["K"])
+        outs = []
+        if self.with_value:
+            outs.append(Output(K * F, "value"))
+        if self.with_index:
+            outs.append(Output(K * F, "index"))
+        return outs
+
+    def check(self, F, opts, M=None):
+        K = opts.get("K")
+        if not isinstance(K, (int, np.integer)) or isinstance(K, bool) or K < 1:
+            raise ValueError(f"{self.name}: K must be a positive integer, got {K!r}")
+        if M is not None and K > M:
+            raise ValueError(f"{self.name}: K={K} is larger than the number of reduced points ({M})")
+
+    def acc_code(self, F, opts):
+        K = int(opts["K"])
+        wm = "true" if self.want_min else "false"
+        init_v = "(T)INFINITY" if self.want_min else "-(T)INFINITY"
+        writes = []
+        # layout of outputs: [K][F]
+        if self.with_value:
+            writes.append(_write(0, "value", K * F, f"v[(k % {F}) * {K} + k / {F}]"))
+        if self.with_index:
+            writes.append(_write(len(writes), "index", K * F, f"i[(k % {F}) * {K} + k / {F}]"))
+        return _BETTER + f"""
+struct Acc {{
+  T v[{F * K}]; int64_t i[{F * K}];   // per component c: v[c*K .. c*K+K) sorted best first
+  LT_HD LT_INLINE void init() {{ for (int k = 0; k < {F * K}; ++k) {{ v[k] = {init_v}; i[k] = -1; }} }}
+  LT_HD LT_INLINE void insert(int c, T x, int64_t j) {{
+    T* vc = v + c * {K}; int64_t* ic = i + c * {K};
+    if (!lt_kbetter(x, j, vc[{K - 1}], ic[{K - 1}], {wm})) return;
+    int p = {K - 1};
+    while (p > 0 && lt_kbetter(x, j, vc[p - 1], ic[p - 1], {wm})) {{ vc[p] = vc[p - 1]; ic[p] = ic[p - 1]; --p; }}
+    vc[p] = x; ic[p] = j;
+  }}
+  LT_HD LT_INLINE void push(const T* f, int64_t j) {{ for (int c = 0; c < {F}; ++c) insert(c, f[c], j); }}
+  LT_INLINE void tile(const T* fb, int nj, int64_t j0) {{
+    for (int c = 0; c < {F}; ++c) for (int jj = 0; jj < nj; ++jj) insert(c, fb[c * TJ + jj], j0 + jj); }}
+  LT_HD LT_INLINE void merge(const Acc& o) {{
+    for (int c = 0; c < {F}; ++c) for (int q = 0; q < {K}; ++q) if (o.i[c * {K} + q] >= 0) insert(c, o.v[c * {K} + q], o.i[c * {K} + q]); }}
+  LT_HD LT_INLINE void write(void* const* outs, int64_t row) const {{ {" ".join(writes)} }}
+}};"""
+
+    def ref(self, values, opts, j0=0):
+        K = int(opts["K"])
+        key = values if self.want_min else -values
+        order = np.argsort(key, axis=-2, kind="stable")[..., :K, :]  # NaN last, ties by index
+        v = np.take_along_axis(values, order, axis=-2)  # (..., K, F)
+        outs = []
+        lead = v.shape[:-2]
+        if self.with_value:
+            outs.append(v.reshape(*lead, -1))
+        if self.with_index:
+            outs.append((order + j0).astype(np.int64).reshape(*lead, -1))
+        return outs
+
+
+def _kselect(name, with_value, with_index, aliases=()):
+    register(type(name.title(), (_KSelect,), dict(
+        name=name, with_value=with_value, with_index=with_index, aliases=aliases)))
+
+
+_kselect("kmin", True, False)
+_kselect("argkmin", False, True)
+_kselect("kmin_argkmin", True, True, aliases=("kminargkmin",))
+
+
+# ------------------------------------------------------------- log-sum-exp and softmax
+
+# Online log-sum-exp: (m, s) represents exp(m) * s. Tiles take their max first so the
+# sum of exponentials vectorizes; NaN propagates through s.
+_LSE_HELPERS = """
+LT_HD LT_INLINE void lt_lse_add(TA& m, TA* s, const TA* t, int n, TA tm) {
+  if (tm > m) { const TA sc = exp(m - tm); for (int c = 0; c < n; ++c) s[c] = s[c] * sc + t[c]; m = tm; }
+  else if (tm == m) { for (int c = 0; c < n; ++c) s[c] += t[c]; }
+  else { const TA sc = exp(tm - m); for (int c = 0; c < n; ++c) s[c] += t[c] * sc; }
+}
+"""
+
+
+class _LSEBase(Reduction):
+    """m (scalar) and sums s[0..W) of exp(f - m) * w (w = 1 for s[0] when unweighted)."""
+
+    weighted = False
+
+    def _w(self, F):
+        return F - 1 if self.weighted else 0
+
+    def check(self, F, opts, M=None):
+        if self.weighted and F < 2:
+            raise ValueError(f"{self.name}: needs a weight (formula dimension {F})")
+        if not self.weighted and F != 1 and self.name != "logsumexp":
+            raise ValueError(f"{self.name}: the formula must be scalar, got dimension {F}")
+
+    def _acc(self, nsum: int, weights: str, writes: str) -> str:
+        # weights: C expression of the weight of sum c for a term at pointer f (c in [0, nsum)).
+        return _LSE_HELPERS + f"""
+struct Acc {{
+  TA m; TA s[{nsum}];
+  LT_HD LT_INLINE void init() {{ m = -(TA)INFINITY; for (int c = 0; c < {nsum}; ++c) s[c] = 0; }}
+  LT_HD LT_INLINE void push(const T* f, int64_t j) {{
+    TA t[{nsum}]; for (int c = 0; c < {nsum}; ++c) t[c] = {weights.format(f="f", jj="0", stride="1")};
+    lt_lse_add(m, s, t, {nsum}, (TA)f[0]); }}
+  LT_INLINE void tile(const T* fb, int nj, int64_t j0) {{
+    T tm = -(T)INFINITY; bool nan = false;
+    for (int jj = 0; jj < nj; ++jj) {{ const T x = fb[jj]; nan |= (x != x); tm = x > tm ? x : tm; }}
+    if (nan) tm = (T)NAN;
+    if (tm == -(T)INFINITY) return;
+    TA t[{nsum}];
+    for (int c = 0; c < {nsum}; ++c) {{ T a = 0;
+      _Pragma("omp simd reduction(+:a)") for (int jj = 0; jj < nj; ++jj) a += exp(fb[jj] - tm) * {weights.format(f="fb", jj="jj", stride="TJ")};
+      t[c] = a; }}
+    lt_lse_add(m, s, t, {nsum}, (TA)tm); }}
+  LT_HD LT_INLINE void merge(const Acc& o) {{ if (o.m != -(TA)INFINITY || o.m != o.m) lt_lse_add(m, s, o.s, {nsum}, o.m); }}
+  LT_HD LT_INLINE void write(void* const* outs, int64_t row) const {{ {writes} }}
+}};"""
+
+
+@register
+class LogSumExp(_LSEBase):
+    name = "logsumexp"
+    aliases = ("lse",)
+
+    def outputs(self, F, opts):
+        return [Output(1, "value")]
+
+    def check(self, F, opts, M=None):
+        if F != 1:
+            raise ValueError(
+                f"logsumexp: the formula must be scalar (dimension 1), got dimension {F}"
+            )
+
+    def acc_code(self, F, opts):
+        return self._acc(1, "(T)1", _write(0, "value", 1, "(T)(m + log(s[0]))"))
+
+    def ref(self, values, opts, j0=0):
+        return [_ref_lse(values[..., 0])[..., None]]
+
+
+@register
+class LogSumExpWeight(_LSEBase):
+    name = "logsumexp_weight"
+    weighted = True
+
+    def outputs(self, F, opts):
+        return [Output(F - 1, "value")]
+
+    def acc_code(self, F, opts):
+        W = F - 1
+        return self._acc(W, "{f}[(1 + c) * {stride} + {jj}]",
+                         _write(0, "value", W, "(T)(m + log(s[k]))"))
+
+    def ref(self, values, opts, j0=0):
+        f, w = values[..., :1], values[..., 1:]
+        m = _ref_max(f)
+        with np.errstate(all="ignore"):
+            return [m + np.log((np.exp(f - m[..., None, :]) * w).sum(axis=-2))]
+
+
+@register
+class SumSoftMaxWeight(_LSEBase):
+    """Σ_j softmax_j(f) w_j; also writes the log-sum-exp of f (second output, for gradients)."""
+
+    name = "sumsoftmaxweight"
+    aliases = ("sum_softmax_weight", "softmax")
+    weighted = True
+
+    def outputs(self, F, opts):
+        return [Output(F - 1, "value"), Output(1, "value")]
+
+    def acc_code(self, F, opts):
+        W = F - 1
+        writes = (_write(0, "value", W, "(T)(s[1 + k] / s[0])") + " "
+                  + _write(1, "value", 1, "(T)(m + log(s[0]))"))
+        return self._acc(W + 1, "(c == 0 ? (T)1 : {f}[c * {stride} + {jj}])", writes)
+
+    def ref(self, values, opts, j0=0):
+        f, w = values[..., :1], values[..., 1:]
+        m = _ref_max(f)
+        with np.errstate(all="ignore"):
+            e = np.exp(f - m[..., None, :])
+            s0 = e.sum(axis=-2)
+            return [(e * w).sum(axis=-2) / s0, m + np.log(s0)]
+
+
+@register
+class MaxSumShiftExp(_LSEBase):
+    """(m, s) with m = max_j f and s = Σ_j exp(f - m): KeOps's Max_SumShiftExp."""
+
+    name = "max_sumshiftexp"
+    aliases = ("maxsumshiftexp",)
+
+    def outputs(self, F, opts):
+        return [Output(2, "value")]
+
+    def acc_code(self, F, opts):
+        return self._acc(1, "(T)1", "{ T* o = (T*)outs[0] + row * 2; o[0] = (T)m; o[1] = (T)s[0]; }")
+
+    def ref(self, values, opts, j0=0):
+        f = values[..., 0:1]
+        m = _ref_max(f)
+        with np.errstate(all="ignore"):
+            s = np.exp(f - m[..., None, :]).sum(axis=-2)
+        return [np.concatenate([m, s], axis=-1)]
+
+
+def _ref_max(f):
+    """Max over the pair axis; -inf for empty reductions, NaN if any NaN."""
+    if f.shape[-2] == 0:
+        return np.full(f.shape[:-2] + f.shape[-1:], -np.inf)
+    with np.errstate(all="ignore"):
+        m = f.max(axis=-2)
+    return np.where(np.isinf(m) & (m < 0), -np.inf, m)
+
+
+def _ref_lse(f):
+    """log Σ exp(f) over axis -1, stable, -inf for empty or all -inf."""
+    if f.shape[-1] == 0:
+        return np.full(f.shape[:-1], -np.inf)
+    with np.errstate(all="ignore"):
+        m = f.max(axis=-1, keepdims=True)
+        safe = np.where(np.isfinite(m), m, 0.0)
+        s = np.exp(f - safe).sum(axis=-1, keepdims=True)
+        out = (safe + np.log(s))[..., 0]
+        return np.where(np.isposinf(m[..., 0]) & ~np.isnan(out), np.inf, out)

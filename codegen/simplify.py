@@ -1,0 +1,104 @@
+"""Simplification, a pass of its own: neutral elements, zeros, constant folding.
+
+Gradient formulas come out of the VJP rules full of ``* 1``, ``+ 0`` and constant
+subexpressions; this pass removes them before emission. Common subterms are already
+shared by hash-consing. Rewrites keep each node's dimension (a dimension-1 result that
+replaces a dimension-D node is expanded).
+
+>>> from codegen import ir, ops
+>>> x = ir.var(0, 3, "i")
+>>> simplify(ops.apply("mul", x, ir.const(1.0))) is x
+True
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import ir
+from .ops import apply, get
+
+
+def _is(node: ir.Node, value: float) -> bool:
+    return ir.const_value(node) == value
+
+
+def _fit(new: ir.Node, dim: int) -> ir.Node:
+    if new.dim == dim:
+        return new
+    if new.dim == 1:
+        if new.op == "const":
+            return ir.const([new.params[0]] * dim)
+        return apply("expand", new, params=(dim,))
+    raise AssertionError("simplification changed a dimension")
+
+
+def _fold(node: ir.Node, args) -> ir.Node | None:
+    if node.op in ("var", "const") or not args or not all(a.op == "const" for a in args):
+        return None
+    from .arraymath import numpy_namespace
+
+    arrays = [np.asarray(a.params, dtype=np.float64) for a in args]
+    with np.errstate(all="ignore"):
+        value = np.asarray(get(node.op).ref(numpy_namespace(), arrays, node.params), dtype=np.float64)
+    return ir.const(np.broadcast_to(value.reshape(-1), (node.dim,)).tolist())
+
+
+def _rewrite(node: ir.Node, args: tuple) -> ir.Node:
+    if node.op in ("var", "const"):
+        return node
+    folded = _fold(node, args)
+    if folded is not None:
+        return folded
+    op = node.op
+    if op == "add":
+        a, b = args
+        if _is(a, 0.0):
+            return _fit(b, node.dim)
+        if _is(b, 0.0):
+            return _fit(a, node.dim)
+    elif op == "sub":
+        a, b = args
+        if _is(b, 0.0):
+            return _fit(a, node.dim)
+        if _is(a, 0.0):
+            return _fit(apply("neg", b), node.dim)
+    elif op == "mul":
+        a, b = args
+        # x * 0 -> 0 follows KeOps: gradient formulas multiply by structural zeros.
+        if _is(a, 0.0) or _is(b, 0.0):
+            return ir.const([0.0] * node.dim)
+        if _is(a, 1.0):
+            return _fit(b, node.dim)
+        if _is(b, 1.0):
+            return _fit(a, node.dim)
+        if _is(a, -1.0):
+            return _fit(apply("neg", b), node.dim)
+        if _is(b, -1.0):
+            return _fit(apply("neg", a), node.dim)
+    elif op == "div":
+        a, b = args
+        if _is(b, 1.0):
+            return _fit(a, node.dim)
+        if _is(a, 0.0):
+            return ir.const([0.0] * node.dim)
+    elif op == "neg":
+        if args[0].op == "neg":
+            return args[0].args[0]
+    elif op == "pow":
+        (p,) = node.params
+        if p == 1.0:
+            return args[0]
+    elif op in ("sum", "expand", "matvec", "vecmat", "tensorprod", "slice", "pad"):
+        if any(_is(a, 0.0) for a in args):
+            return ir.const([0.0] * node.dim)
+        if op == "sum" and args[0].dim == 1:
+            return args[0]
+    if args == node.args:
+        return node
+    return ir.make(op, args, node.params, node.dim)
+
+
+def simplify(root: ir.Node) -> ir.Node:
+    """Return an equivalent, smaller formula (same dimension)."""
+    return ir.rebuild(root, _rewrite)

@@ -1,0 +1,306 @@
+"""Vector ops: structure over the vector dimension, emitted as loops (never scalarized).
+
+Matrices are stored row-major in a vector: ``A`` of dimension ``n*m`` is ``A[r*m + c]``.
+
+>>> from codegen import ir, ops
+>>> A = ir.var(0, 6, "i"); x = ir.var(1, 3, "j")
+>>> ops.apply("matvec", A, x).dim
+2
+"""
+
+from __future__ import annotations
+
+from . import ir
+from .ops import OpDef, apply, register
+
+
+def _fixed(dim):
+    return lambda dims, params: dim
+
+
+def _zeros_like(node: ir.Node) -> ir.Node:
+    return ir.const([0.0] * node.dim)
+
+
+def _reshape(a, shape):
+    return a.reshape(tuple(shape))
+
+
+# ---------------------------------------------------------------- reductions over the vector
+
+
+def _sum_emit(node, out, args, dtype):
+    a = args[0]
+    n = node.args[0].dim
+    return f"{{ T s = 0; for (int k = 0; k < {n}; ++k) s += {a}[k]; {out}[0] = s; }}"
+
+
+register(OpDef(
+    "sum", 1, _fixed(1), _sum_emit,
+    ref=lambda xp, t, p: xp.vsum(t[0]),
+    vjp=lambda node, g: [apply("expand", g, params=(node.args[0].dim,))],
+    jvp=lambda node, t: None if t[0] is None else apply("sum", t[0]),
+    doc="sum over the vector dimension",
+))
+
+
+def _expand_dim(dims, params):
+    if dims[0] != 1:
+        raise ValueError(f"expand: operand must have dimension 1, got {dims[0]}")
+    return int(params[0])
+
+
+register(OpDef(
+    "expand", 1, _expand_dim,
+    lambda node, out, args, dtype: f"for (int k = 0; k < {node.dim}; ++k) {out}[k] = {args[0]}[0];",
+    ref=lambda xp, t, p: t[0] * xp.asarray([1.0] * int(p[0]), t[0]),
+    vjp=lambda node, g: [apply("sum", g)],
+    jvp=lambda node, t: None if t[0] is None else apply("expand", t[0], params=node.params),
+    doc="broadcast a scalar to dimension D",
+))
+
+
+def _select_emit(cmp, want_index):
+    def emit(node, out, args, dtype):
+        a, n = args[0], node.args[0].dim
+        # NaN wins (as numpy.min/argmin): once the best is NaN it stays.
+        result = "(T)b" if want_index else "v"
+        return (
+            f"{{ T v = {a}[0]; int b = 0; for (int k = 1; k < {n}; ++k) "
+            f"{{ if (v == v && ({a}[k] {cmp} v || {a}[k] != {a}[k])) {{ v = {a}[k]; b = k; }} }} "
+            f"{out}[0] = {result}; }}"
+        )
+
+    return emit
+
+
+def _select_vjp(arg_name):
+    def vjp(node, g):
+        a = node.args[0]
+        return [apply("mul", g, apply("one_hot", apply(arg_name, a), params=(a.dim,)))]
+
+    return vjp
+
+
+def _select_jvp(arg_name):
+    def jvp(node, t):
+        if t[0] is None:
+            return None
+        a = node.args[0]
+        return apply("sum", apply("mul", t[0], apply("one_hot", apply(arg_name, a), params=(a.dim,))))
+
+    return jvp
+
+
+for _name, _cmp, _index, _ref in (
+    ("vmin", "<", False, "vmin"), ("vmax", ">", False, "vmax"),
+    ("vargmin", "<", True, "vargmin"), ("vargmax", ">", True, "vargmax"),
+):  # fmt: skip
+    _arg = "vargmin" if _cmp == "<" else "vargmax"
+    register(OpDef(
+        _name, 1, _fixed(1), _select_emit(_cmp, _index),
+        ref=lambda xp, t, p, _ref=_ref: getattr(xp, _ref)(t[0]),
+        vjp=None if _index else _select_vjp(_arg),
+        jvp=None if _index else _select_jvp(_arg),
+        differentiable=not _index,
+        doc=f"{_ref} over the vector dimension",
+    ))
+
+
+# ---------------------------------------------------------------- slices and concatenation
+
+
+def _slice_dim(dims, params):
+    start, length = params
+    if not (0 <= start and length >= 1 and start + length <= dims[0]):
+        raise ValueError(f"slice [{start}:{start + length}] out of range for dimension {dims[0]}")
+    return length
+
+
+register(OpDef(
+    "slice", 1, _slice_dim,
+    lambda node, out, args, dtype: (
+        f"for (int k = 0; k < {node.dim}; ++k) {out}[k] = {args[0]}[{node.params[0]} + k];"
+    ),
+    ref=lambda xp, t, p: t[0][..., p[0]: p[0] + p[1]],
+    vjp=lambda node, g: [apply("pad", g, params=(node.params[0], node.args[0].dim))],
+    jvp=lambda node, t: None if t[0] is None else apply("slice", t[0], params=node.params),
+    doc="components start..start+length-1",
+))
+
+
+def _pad_dim(dims, params):
+    start, total = params
+    if start < 0 or start + dims[0] > total:
+        raise ValueError(f"pad: cannot place dimension {dims[0]} at {start} in {total}")
+    return total
+
+
+def _pad_ref(xp, t, p):
+    start, total = p
+    a = t[0]
+    z = a[..., :1] * 0
+    parts = [z * xp.asarray([0.0] * start, a)] if start else []
+    parts.append(a)
+    rest = total - start - a.shape[-1]
+    if rest:
+        parts.append(z * xp.asarray([0.0] * rest, a))
+    return xp.concat(parts)
+
+
+register(OpDef(
+    "pad", 1, _pad_dim,
+    lambda node, out, args, dtype: (
+        f"for (int k = 0; k < {node.dim}; ++k) {out}[k] = 0; "
+        f"for (int k = 0; k < {node.args[0].dim}; ++k) {out}[{node.params[0]} + k] = {args[0]}[k];"
+    ),
+    ref=_pad_ref,
+    vjp=lambda node, g: [apply("slice", g, params=(node.params[0], node.args[0].dim))],
+    jvp=lambda node, t: None if t[0] is None else apply("pad", t[0], params=node.params),
+    doc="zeros of dimension total with the operand placed at start (transpose of slice)",
+))
+
+
+def _concat_jvp(node, t):
+    if all(x is None for x in t):
+        return None
+    a, b = node.args
+    ta = t[0] if t[0] is not None else _zeros_like(a)
+    tb = t[1] if t[1] is not None else _zeros_like(b)
+    return apply("concat", ta, tb)
+
+
+register(OpDef(
+    "concat", 2, lambda dims, params: dims[0] + dims[1],
+    lambda node, out, args, dtype: (
+        f"for (int k = 0; k < {node.args[0].dim}; ++k) {out}[k] = {args[0]}[k]; "
+        f"for (int k = 0; k < {node.args[1].dim}; ++k) {out}[{node.args[0].dim} + k] = {args[1]}[k];"
+    ),
+    ref=lambda xp, t, p: xp.concat(list(t)),
+    vjp=lambda node, g: [
+        apply("slice", g, params=(0, node.args[0].dim)),
+        apply("slice", g, params=(node.args[0].dim, node.args[1].dim)),
+    ],
+    jvp=_concat_jvp,
+    doc="concatenation of two vectors",
+))
+
+
+def _one_hot_dim(dims, params):
+    if dims[0] != 1:
+        raise ValueError(f"one_hot: operand must have dimension 1, got {dims[0]}")
+    return int(params[0])
+
+
+def _one_hot_ref(xp, t, p):
+    a = t[0]
+    r = xp.sign(a) * xp.floor(xp.abs(a) + 0.5)
+    return xp.as_float(r == xp.arange(int(p[0]), a), a)
+
+
+register(OpDef(
+    "one_hot", 1, _one_hot_dim,
+    lambda node, out, args, dtype: (
+        f"{{ const T r = round({args[0]}[0]); "
+        f"for (int k = 0; k < {node.dim}; ++k) {out}[k] = (r == (T)k) ? (T)1 : (T)0; }}"
+    ),
+    ref=_one_hot_ref, differentiable=False,
+    doc="one-hot vector of dimension D at the rounded value of a scalar",
+))
+
+# ---------------------------------------------------------------- small matrix products
+
+
+def _matvec_dim(dims, params):
+    a, x = dims
+    if a % x:
+        raise ValueError(f"matvec: matrix dimension {a} is not a multiple of vector dimension {x}")
+    return a // x
+
+
+def _matvec_emit(node, out, args, dtype):
+    n, m = node.dim, node.args[1].dim
+    return (f"for (int r = 0; r < {n}; ++r) {{ T s = 0; for (int c = 0; c < {m}; ++c) "
+            f"s += {args[0]}[r * {m} + c] * {args[1]}[c]; {out}[r] = s; }}")
+
+
+def _matvec_ref(xp, t, p):
+    A, x = t
+    m = x.shape[-1]
+    n = A.shape[-1] // m
+    return (_reshape(A, (*A.shape[:-1], n, m)) @ x[..., None])[..., 0]
+
+
+def _sum_terms(*terms):
+    terms = [t for t in terms if t is not None]
+    if not terms:
+        return None
+    out = terms[0]
+    for t in terms[1:]:
+        out = apply("add", out, t)
+    return out
+
+
+register(OpDef(
+    "matvec", 2, _matvec_dim, _matvec_emit, ref=_matvec_ref,
+    vjp=lambda node, g: [apply("tensorprod", g, node.args[1]), apply("vecmat", g, node.args[0])],
+    jvp=lambda node, t: _sum_terms(
+        None if t[0] is None else apply("matvec", t[0], node.args[1]),
+        None if t[1] is None else apply("matvec", node.args[0], t[1]),
+    ),
+    doc="A(n*m, row-major) times x(m)",
+))
+
+
+def _vecmat_dim(dims, params):
+    x, a = dims
+    if a % x:
+        raise ValueError(f"vecmat: matrix dimension {a} is not a multiple of vector dimension {x}")
+    return a // x
+
+
+def _vecmat_emit(node, out, args, dtype):
+    n, m = node.args[0].dim, node.dim
+    return (f"for (int c = 0; c < {m}; ++c) {{ T s = 0; for (int r = 0; r < {n}; ++r) "
+            f"s += {args[0]}[r] * {args[1]}[r * {m} + c]; {out}[c] = s; }}")
+
+
+def _vecmat_ref(xp, t, p):
+    x, A = t
+    n = x.shape[-1]
+    m = A.shape[-1] // n
+    return (x[..., None, :] @ _reshape(A, (*A.shape[:-1], n, m)))[..., 0, :]
+
+
+register(OpDef(
+    "vecmat", 2, _vecmat_dim, _vecmat_emit, ref=_vecmat_ref,
+    vjp=lambda node, g: [apply("matvec", node.args[1], g), apply("tensorprod", node.args[0], g)],
+    jvp=lambda node, t: _sum_terms(
+        None if t[0] is None else apply("vecmat", t[0], node.args[1]),
+        None if t[1] is None else apply("vecmat", node.args[0], t[1]),
+    ),
+    doc="x(n) times A(n*m, row-major)",
+))
+
+
+def _tensorprod_ref(xp, t, p):
+    a, b = t
+    prod = a[..., :, None] * b[..., None, :]
+    return _reshape(prod, (*prod.shape[:-2], a.shape[-1] * b.shape[-1]))
+
+
+register(OpDef(
+    "tensorprod", 2, lambda dims, params: dims[0] * dims[1],
+    lambda node, out, args, dtype: (
+        f"for (int r = 0; r < {node.args[0].dim}; ++r) for (int c = 0; c < {node.args[1].dim}; ++c) "
+        f"{out}[r * {node.args[1].dim} + c] = {args[0]}[r] * {args[1]}[c];"
+    ),
+    ref=_tensorprod_ref,
+    vjp=lambda node, g: [apply("matvec", g, node.args[1]), apply("vecmat", node.args[0], g)],
+    jvp=lambda node, t: _sum_terms(
+        None if t[0] is None else apply("tensorprod", t[0], node.args[1]),
+        None if t[1] is None else apply("tensorprod", node.args[0], t[1]),
+    ),
+    doc="outer product a(n) b(m) as an n*m row-major vector",
+))
+

@@ -1,0 +1,179 @@
+"""Autodiff: a thin ``torch.autograd.Function`` whose backward builds new reductions.
+
+Gradient of a Sum reduction ``a_i = Σ_j F(x_i, y_j, p)`` with output gradient ``g_i``:
+``∂/∂x_i = Σ_j (∂F/∂x_i)ᵀ g_i`` (a reduction over j), ``∂/∂y_j = Σ_i (∂F/∂y_j)ᵀ g_i`` (over
+i), ``∂/∂p = Σ_i Σ_j (∂F/∂p)ᵀ g_i``. All i-side gradients share one kernel, all j-side
+gradients another. LogSumExp and the softmax-weighted sum are Sum reductions of a
+formula that uses the saved forward result (treated as one more i-variable):
+``d lse_i = Σ_j exp(F_ij - lse_i) dF_ij``. Min/Max/K-min reductions differentiate through
+the saved indices: the formula is re-evaluated in torch at the selected pairs only
+(O(N·K) memory). Backward calls the same Function again, so gradients of any order work.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from codegen import diff, ir, ops
+
+from . import reference
+from .engine import ReductionCall, execute
+
+_ARG_VARIANT = {"min": "min_argmin", "max": "max_argmax", "kmin": "kmin_argkmin"}
+_GATHER = {"min_argmin", "max_argmax", "kmin_argkmin"}
+
+
+class KernelReduction(torch.autograd.Function):
+    """``outputs = reduction(call)(*tensors)``, differentiable to any order."""
+
+    @staticmethod
+    def forward(ctx, call: ReductionCall, *tensors):
+        outs = execute(call, list(tensors))
+        ctx.call = call
+        ctx.n_in = len(tensors)
+        ctx.save_for_backward(*tensors, *outs)
+        for o, spec in zip(outs, call.outputs()):
+            if spec.kind == "index":
+                ctx.mark_non_differentiable(o)
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        saved = ctx.saved_tensors
+        inputs, outs = list(saved[: ctx.n_in]), list(saved[ctx.n_in:])
+        needs = ctx.needs_input_grad[1:]
+        return (None, *reduction_vjp(ctx.call, inputs, outs, list(grads), needs))
+
+
+def apply_with_grad(call: ReductionCall, arrays: list) -> list:
+    """Run ``call`` through the autograd Function (min-type reductions also keep indices)."""
+    variant = _ARG_VARIANT.get(call.reduction)
+    if variant is not None:
+        full = call.with_formula(call.formula, call.cats, call.dims, variant, call.opts)
+        return list(KernelReduction.apply(full, *arrays))[:1]
+    return list(KernelReduction.apply(call, *arrays))
+
+
+def reduction_vjp(call, inputs, outs, grads, needs) -> list:
+    red = call.reduction
+    if not any(needs):
+        return [None] * len(inputs)
+    if red in _GATHER:
+        return _gather_vjp(call, inputs, outs, grads[0], needs)
+    g = grads[0]
+    F = call.formula
+    if red == "sum":
+        return _sum_vjp(call, F, inputs, [], g, needs)
+    k_out = ir.var(len(inputs), outs[0].shape[-1], "i")
+    if red == "logsumexp":
+        G = ops.apply("exp", ops.apply("sub", F, k_out))
+        return _sum_vjp(call, G, inputs, [outs[0]], g, needs)
+    f = ops.apply("slice", F, params=(0, 1))
+    w = ops.apply("slice", F, params=(1, F.dim - 1))
+    if red == "logsumexp_weight":
+        G = ops.apply("mul", ops.apply("exp", ops.apply("sub", f, k_out)), w)
+        return _sum_vjp(call, G, inputs, [outs[0]], g, needs)
+    if red == "sumsoftmaxweight":
+        lse = ir.var(len(inputs) + 1, 1, "i")
+        G = ops.apply("mul", ops.apply("exp", ops.apply("sub", f, lse)), ops.apply("sub", w, k_out))
+        return _sum_vjp(call, G, inputs, [outs[0], outs[1]], g, needs)
+    raise NotImplementedError(
+        f"the {red} reduction has no gradient (use logsumexp / min_argmin instead)"
+    )
+
+
+def _concat(nodes):
+    out = nodes[0]
+    for n in nodes[1:]:
+        out = ops.apply("concat", out, n)
+    return out
+
+
+def _sum_vjp(call, G, inputs, extra, g, needs) -> list:
+    """Gradients of ``Σ_j G`` with cotangent ``g`` for the inputs that need them."""
+    if g is None:
+        return [None] * len(inputs)
+    cats = list(call.cats) + ["i"] * len(extra)
+    dims = list(call.dims) + [e.shape[-1] for e in extra]
+    g_var = ir.var(len(cats), G.dim, "i")
+    cats.append("i")
+    dims.append(G.dim)
+    wanted = [k for k in range(len(inputs)) if needs[k]]
+    xs = {k: ir.var(k, call.dims[k], call.cats[k]) for k in wanted}
+    cot = diff.vjp(G, list(xs.values()), g_var)
+    args = [*inputs, *extra, g]
+    result = [None] * len(inputs)
+    for side, axis in ((("i", "p"), 1), (("j",), 0)):
+        ks = [k for k in wanted if call.cats[k] in side]
+        if not ks:
+            continue
+        formula = _concat([cot[xs[k]] for k in ks])
+        sub = call.with_formula(formula, cats, dims, "sum", _sum_opts(call), axis=axis)
+        (total,) = KernelReduction.apply(sub, *args)
+        offset = 0
+        for k in ks:
+            d = call.dims[k]
+            part = total[..., offset: offset + d]
+            offset += d
+            if call.cats[k] == "p":
+                part = part.sum(dim=-2)
+            result[k] = _unbroadcast(part, inputs[k].shape)
+    return result
+
+
+def _sum_opts(call) -> tuple:
+    return tuple((k, v) for k, v in call.opts if k in ("sum_scheme", "dtype_acc"))
+
+
+def _unbroadcast(grad, shape):
+    """Sum ``grad`` over the batch dimensions along which the input was broadcast."""
+    shape = tuple(shape)
+    while grad.dim() > len(shape):
+        grad = grad.sum(dim=0)
+    for axis, s in enumerate(shape):
+        if s == 1 and grad.shape[axis] != 1:
+            grad = grad.sum(dim=axis, keepdim=True)
+    return grad.reshape(shape)
+
+
+def _gather_vjp(call, inputs, outs, g, needs) -> list:
+    """Gradients of min/max/K-min values through their saved indices (no N×M work)."""
+    if g is None:
+        return [None] * len(inputs)
+    idx = outs[1]  # (*batch, N, K*F), layout [K][F]
+    F = call.formula.dim
+    KF = idx.shape[-1]
+    batch = tuple(call.batch)
+    nb = len(batch)
+    valid = idx >= 0
+    safe = idx.clamp(min=0)
+    with torch.enable_grad():
+        env = {}
+        used = {v.index for v in ir.variables(call.formula)}
+        for k, (x, cat) in enumerate(zip(inputs, call.cats)):
+            if k not in used:
+                continue
+            xb = x.reshape((1,) * (nb - (x.dim() - (1 if cat == "p" else 2))) + tuple(x.shape))
+            if cat == "i":
+                env[k] = xb[..., :, None, :]
+            elif cat == "p":
+                env[k] = xb[..., None, None, :]
+            else:
+                full = xb.expand(*batch, call.M, x.shape[-1])
+                flat = full.reshape(-1, call.M, x.shape[-1])
+                gi = safe.reshape(flat.shape[0], -1)[..., None].expand(-1, -1, x.shape[-1])
+                env[k] = torch.gather(flat, 1, gi).reshape(*batch, call.N, KF, x.shape[-1])
+        from codegen.arraymath import torch_namespace
+
+        values = reference.evaluate(call.formula, env, torch_namespace())
+        values = values.expand(*batch, call.N, KF, F)
+        comp = (torch.arange(KF, device=idx.device) % F).expand(*batch, call.N, KF)
+        picked = torch.gather(values, -1, comp[..., None])[..., 0]
+        picked = torch.where(valid, picked, torch.zeros_like(picked))
+        wanted = [k for k in range(len(inputs)) if needs[k]]
+        grads = torch.autograd.grad(picked, [inputs[k] for k in wanted], g,
+                                    create_graph=torch.is_grad_enabled(), allow_unused=True)
+    result = [None] * len(inputs)
+    for k, gr in zip(wanted, grads):
+        result[k] = gr if gr is not None else torch.zeros_like(inputs[k])
+    return result

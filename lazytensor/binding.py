@@ -1,0 +1,155 @@
+"""Binding arrays to formula variables: shapes, dtypes, devices and batch dimensions.
+
+Each variable is stored in canonical form: an i-variable ``(*batch, N, D)``, a
+j-variable ``(*batch, M, D)``, a parameter ``(*batch, D)`` (or a Python number).
+:func:`bind` checks a set of variables against each other and returns a
+:class:`Signature`: library, dtype, device, broadcast batch shape, N and M. Every error
+names the variable, its shape and what was expected.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+
+CAT_NAMES = {"i": "i-variable", "j": "j-variable", "p": "parameter"}
+
+
+def is_torch(x) -> bool:
+    """True for torch tensors, without importing torch for NumPy users."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def array_dtype(x) -> str:
+    if is_torch(x):
+        return str(x.dtype).replace("torch.", "")
+    return str(np.asarray(x).dtype) if not isinstance(x, np.ndarray) else str(x.dtype)
+
+
+@dataclass(eq=False)
+class Variable:
+    """One bound variable: data in canonical form, category, vector dimension."""
+
+    data: object  # numpy array, torch tensor, or Python float (a scalar parameter)
+    cat: str
+    dim: int
+    label: str = ""
+
+    @property
+    def is_scalar(self) -> bool:
+        return isinstance(self.data, (int, float))
+
+    @property
+    def shape(self) -> tuple:
+        return () if self.is_scalar else tuple(self.data.shape)
+
+    @property
+    def batch(self) -> tuple:
+        if self.is_scalar:
+            return ()
+        return self.shape[:-2] if self.cat in ("i", "j") else self.shape[:-1]
+
+    @property
+    def rows(self) -> int | None:
+        return self.shape[-2] if self.cat in ("i", "j") and not self.is_scalar else None
+
+    def describe(self, k: int | None = None) -> str:
+        where = f"argument {k} " if k is not None else ""
+        name = f" '{self.label}'" if self.label else ""
+        if self.is_scalar:
+            return f"{where}{CAT_NAMES[self.cat]}{name} (Python scalar {self.data!r})"
+        return (f"{where}{CAT_NAMES[self.cat]}{name} (shape {self.shape}, "
+                f"dtype {array_dtype(self.data)}{_device_text(self.data)})")
+
+
+def _device_text(x) -> str:
+    return f", device {x.device}" if is_torch(x) else ""
+
+
+@dataclass
+class Signature:
+    """What a reduction call is bound to."""
+
+    library: str  # "numpy" or "torch"
+    dtype: str  # "float32" or "float64"
+    device: str  # "cpu" or "cuda:k"
+    batch: tuple
+    N: int
+    M: int
+    variables: list = field(default_factory=list)
+
+    @property
+    def B(self) -> int:
+        return math.prod(self.batch)
+
+
+SUPPORTED_DTYPES = ("float32", "float64")
+
+
+def bind(variables: list[Variable]) -> Signature:
+    """Check the variables against each other; raise ValueError/TypeError naming the culprit."""
+    arrays = [(k, v) for k, v in enumerate(variables) if not v.is_scalar]
+    libs = {("torch" if is_torch(v.data) else "numpy") for _, v in arrays}
+    if len(libs) > 1:
+        desc = "; ".join(v.describe(k) for k, v in arrays)
+        raise TypeError(f"cannot mix NumPy arrays and torch tensors in one formula: {desc}")
+    library = libs.pop() if libs else "numpy"
+
+    dtypes = {}
+    for k, v in arrays:
+        dt = array_dtype(v.data)
+        if dt not in SUPPORTED_DTYPES:
+            raise TypeError(
+                f"{v.describe(k)}: unsupported dtype {dt}; expected float32 or float64 "
+                "(convert integer data with .astype(np.float32) / .float())"
+            )
+        dtypes[k] = dt
+    if len(set(dtypes.values())) > 1:
+        desc = "; ".join(variables[k].describe(k) for k in dtypes)
+        raise TypeError(f"mixed dtypes in one formula ({desc}); convert all to one dtype")
+    dtype = next(iter(dtypes.values()), "float64")
+
+    devices = {str(v.data.device) for _, v in arrays if is_torch(v.data)}
+    if len(devices) > 1:
+        desc = "; ".join(v.describe(k) for k, v in arrays)
+        raise ValueError(f"variables on different devices: {desc}")
+    device = devices.pop() if devices else "cpu"
+
+    nbd = max((len(v.batch) for _, v in arrays), default=0)
+    batch = []
+    for axis in range(nbd):
+        size = 1
+        for k, v in arrays:
+            b = (1,) * (nbd - len(v.batch)) + v.batch
+            if b[axis] != 1:
+                if size not in (1, b[axis]):
+                    raise ValueError(
+                        f"{v.describe(k)}: batch dimension {axis} has size {b[axis]}, but "
+                        f"another variable has {size}; batch dimensions must be equal or 1"
+                    )
+                size = b[axis]
+        batch.append(size)
+
+    def rows(cat, name):
+        n = None
+        first = None
+        for k, v in arrays:
+            if v.cat != cat:
+                continue
+            if n is None:
+                n, first = v.rows, k
+            elif v.rows != n:
+                raise ValueError(
+                    f"{v.describe(k)} has {v.rows} {name}, but {variables[first].describe(first)} "
+                    f"has {n}; all {CAT_NAMES[cat]}s must have the same number of {name}"
+                )
+        return n
+
+    N = rows("i", "rows")
+    M = rows("j", "rows")
+    return Signature(library, dtype, device, tuple(batch), 1 if N is None else N,
+                     1 if M is None else M, list(variables))

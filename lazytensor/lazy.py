@@ -1,0 +1,554 @@
+"""``LazyTensor``: symbolic formulas over i- and j-indexed arrays, as in pykeops.
+
+>>> import numpy as np
+>>> from lazytensor import LazyTensor
+>>> x = np.random.rand(1000, 3); y = np.random.rand(2000, 3); b = np.random.rand(2000, 1)
+>>> x_i, y_j = LazyTensor(x[:, None, :]), LazyTensor(y[None, :, :])
+>>> K = (-((x_i - y_j) ** 2).sum(-1)).exp()        # symbolic (1000, 2000) kernel
+>>> (K @ b).shape                                   # a reduction triggers evaluation
+(1000, 1)
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from codegen import ir, ops
+
+from . import engine
+from .binding import Variable, is_torch
+
+
+def _canonical(x, axis):
+    """(data in canonical form, category, dim, batch dims) from a user array."""
+    nd = x.ndim
+    if axis is not None:
+        if axis not in (0, 1, 2):
+            raise ValueError(f"axis must be 0 (i), 1 (j) or 2 (parameter), got {axis!r}")
+        if axis == 2:
+            if nd != 1:
+                raise ValueError(f"a parameter (axis=2) must be 1D, got shape {tuple(x.shape)}")
+            return x, "p"
+        if nd == 1:
+            x = x[:, None]
+        if x.ndim != 2:
+            raise ValueError(
+                f"LazyTensor(x, axis={axis}) expects a 2D array (rows, dim), got shape {tuple(x.shape)}"
+            )
+        return x, "i" if axis == 0 else "j"
+    if nd == 0:
+        return x.reshape(1), "p"
+    if nd == 1:
+        return x, "p"
+    if nd == 2:
+        raise ValueError(
+            f"LazyTensor got a 2D array of shape {tuple(x.shape)}: say which index it follows with "
+            "LazyTensor(x, axis=0) (i) or axis=1 (j), or reshape it to (N, 1, D) / (1, M, D)"
+        )
+    a, b = x.shape[-3], x.shape[-2]
+    if b == 1:
+        if a == 1:
+            return x[..., 0, 0, :], "p"
+        return x[..., :, 0, :], "i"
+    if a == 1:
+        return x[..., 0, :, :], "j"
+    raise ValueError(
+        f"LazyTensor got shape {tuple(x.shape)}: the last three dimensions must be (N, 1, D) for an "
+        "i-variable, (1, M, D) for a j-variable or (1, 1, D) for a parameter"
+    )
+
+
+def _as_array(x):
+    if is_torch(x) or isinstance(x, np.ndarray):
+        return x
+    if isinstance(x, (list, tuple)):
+        return np.asarray(x, dtype=np.float64)
+    raise TypeError(f"LazyTensor cannot wrap an object of type {type(x).__name__}")
+
+
+class LazyTensor:
+    """A symbolic array of shape ``(*batch, N, M, D)`` defined by a formula.
+
+    Build leaves from arrays (``LazyTensor(x[:, None, :])``, ``Vi(x)``, ``Vj(y)``, ``Pm(p)``),
+    combine them with arithmetic and math methods, and reduce with ``.sum(dim)``,
+    ``.min(dim)``, ``.argKmin(K, dim)``, ``.logsumexp(dim)``, ``@`` ...
+    """
+
+    __array_priority__ = 1000  # numpy_array * LazyTensor -> LazyTensor.__rmul__
+
+    def __init__(self, x=None, axis=None, *, _formula=None, _variables=None, label=""):
+        if _formula is not None:
+            self.formula, self.variables = _formula, list(_variables)
+            return
+        if isinstance(x, LazyTensor):
+            self.formula, self.variables = x.formula, list(x.variables)
+            return
+        if isinstance(x, numbers.Number) and not isinstance(x, bool):
+            if isinstance(x, numbers.Integral):
+                self.formula, self.variables = ir.const(float(x)), []
+            else:
+                self.formula = ir.var(0, 1, "p")
+                self.variables = [Variable(float(x), "p", 1, label)]
+            return
+        data, cat = _canonical(_as_array(x), axis)
+        dim = int(data.shape[-1])
+        if dim < 1:
+            raise ValueError(f"LazyTensor got shape {tuple(x.shape)}: the vector dimension is 0")
+        if is_torch(data) and data.is_complex() or np.iscomplexobj(data) and not is_torch(data):
+            raise TypeError(f"complex data is not supported (shape {tuple(x.shape)})")
+        self.formula = ir.var(0, dim, cat)
+        self.variables = [Variable(data, cat, dim, label)]
+
+    # ------------------------------------------------------------------ structure
+
+    @classmethod
+    def _new(cls, formula, variables):
+        return cls(_formula=formula, _variables=variables)
+
+    @property
+    def ndim(self) -> int:
+        return self.nbatchdims + 3
+
+    @property
+    def nbatchdims(self) -> int:
+        return max((len(v.batch) for v in self.variables), default=0)
+
+    @property
+    def batchdims(self) -> tuple:
+        return engine.bind(self.variables).batch if self.variables else ()
+
+    @property
+    def ni(self):
+        return engine.bind(self.variables).N
+
+    @property
+    def nj(self):
+        return engine.bind(self.variables).M
+
+    @property
+    def shape(self) -> tuple:
+        sig = engine.bind(self.variables)
+        return (*sig.batch, sig.N, sig.M, self.formula.dim)
+
+    @property
+    def dtype(self):
+        for v in self.variables:
+            if not v.is_scalar:
+                return v.data.dtype
+        return None
+
+    def __repr__(self) -> str:
+        return f"LazyTensor({ir.to_text(self.formula)}, {len(self.variables)} variables)"
+
+    def _merged(self, other: "LazyTensor"):
+        """Variables of both operands (shared ones once) and ``other``'s formula renumbered."""
+        variables = list(self.variables)
+        mapping = {}
+        for k, v in enumerate(other.variables):
+            for n, w in enumerate(variables):
+                if w.data is v.data and w.cat == v.cat and not v.is_scalar:
+                    break
+            else:
+                n = len(variables)
+                variables.append(v)
+            if n != k:
+                mapping[ir.var(k, v.dim, v.cat)] = ir.var(n, v.dim, v.cat)
+        formula = ir.substitute(other.formula, mapping) if mapping else other.formula
+        return variables, formula
+
+    def _op(self, name, *others, params=()):
+        operands = [o if isinstance(o, LazyTensor) else LazyTensor(o) for o in others]
+        variables, nodes = list(self.variables), [self.formula]
+        acc = LazyTensor._new(self.formula, variables)
+        for o in operands:
+            variables, node = acc._merged(o)
+            nodes.append(node)
+            acc = LazyTensor._new(self.formula, variables)
+        return LazyTensor._new(ops.apply(name, *nodes, params=params), variables)
+
+    def _rop(self, name, other):
+        return LazyTensor(other)._op(name, self)
+
+    # ------------------------------------------------------------------ arithmetic
+
+    def __add__(self, o): return self._op("add", o)
+    def __radd__(self, o): return self._rop("add", o)
+    def __sub__(self, o): return self._op("sub", o)
+    def __rsub__(self, o): return self._rop("sub", o)
+    def __mul__(self, o): return self._op("mul", o)
+    def __rmul__(self, o): return self._rop("mul", o)
+    def __truediv__(self, o): return self._op("div", o)
+    def __rtruediv__(self, o): return self._rop("div", o)
+    def __neg__(self): return self._op("neg")
+    def __abs__(self): return self._op("abs")
+    def __lt__(self, o): return self._op("lt", o)
+    def __le__(self, o): return self._op("le", o)
+    def __gt__(self, o): return self._op("gt", o)
+    def __ge__(self, o): return self._op("ge", o)
+    def __eq__(self, o): return self._op("eq", o)  # noqa: D105  (elementwise, as pykeops)
+    def __ne__(self, o): return self._op("ne", o)
+    __hash__ = object.__hash__
+
+    def __pow__(self, p):
+        """``x ** p``: static int/float exponents (0.5 -> sqrt, -0.5 -> rsqrt), or a formula."""
+        if isinstance(p, numbers.Number) and not isinstance(p, bool):
+            p = float(p)
+            if p == 2.0:
+                return self._op("square")
+            return self._op("pow", params=(p,))
+        return self.powf(p)
+
+    def __rpow__(self, base):
+        return (LazyTensor(base).log() * self).exp()
+
+    def powf(self, p):
+        """``self ** p`` for a formula exponent: ``exp(p log self)``."""
+        return (self.log() * p).exp()
+
+    def __or__(self, o):
+        """Dot product over the vector dimension: ``(x | y) = Σ_k x_k y_k``."""
+        return (self * o).sum(-1)
+
+    def __ror__(self, o):
+        return LazyTensor(o) | self
+
+    def __matmul__(self, v):
+        """``K @ v``: ``Σ_j K_ij v_j`` for a scalar formula K and an (M, E) array v."""
+        if self.formula.dim != 1:
+            raise ValueError(f"K @ v needs a scalar formula K, got dimension {self.formula.dim}")
+        if isinstance(v, LazyTensor):
+            raise TypeError("K @ v takes an array v of shape (M, E), not a LazyTensor")
+        v = _as_array(v)
+        vj = LazyTensor(v[..., None, :, :] if v.ndim >= 2 else v[None, :, None])
+        return (self * vj).sum(dim=self.nbatchdims + 1)
+
+    def __getitem__(self, key):
+        """``x[k]`` (one component), ``x[a:b]`` (a slice) of the vector dimension."""
+        D = self.formula.dim
+        if isinstance(key, tuple) and len(key) >= 1 and key[:-1] == (slice(None),) * (len(key) - 1):
+            key = key[-1]
+        if isinstance(key, numbers.Integral):
+            k = int(key) + (D if key < 0 else 0)
+            if not 0 <= k < D:
+                raise IndexError(f"index {key} out of range for vector dimension {D}")
+            return self._op("slice", params=(k, 1))
+        if isinstance(key, slice):
+            start, stop, step = key.indices(D)
+            if step != 1 or stop <= start:
+                raise IndexError(f"unsupported slice {key} of vector dimension {D}")
+            return self._op("slice", params=(start, stop - start))
+        raise IndexError(f"LazyTensor indices are ints or slices of the vector dimension, got {key!r}")
+
+    def elem(self, k):
+        return self[k]
+
+    def extract(self, start, length):
+        return self._op("slice", params=(start, length))
+
+    def concat(self, other):
+        return self._op("concat", other)
+
+    def t(self):
+        """Exchange the roles of i and j (the transposed kernel)."""
+        variables = [Variable(v.data, {"i": "j", "j": "i", "p": "p"}[v.cat], v.dim, v.label)
+                     for v in self.variables]
+        return LazyTensor._new(ir.swap_ij(self.formula), variables)
+
+    @property
+    def T(self):
+        return self.t()
+
+    # ------------------------------------------------------------------ maths
+
+    def exp(self): return self._op("exp")
+    def log(self): return self._op("log")
+    def sqrt(self): return self._op("sqrt")
+    def rsqrt(self): return self._op("rsqrt")
+    def abs(self): return self._op("abs")
+    def sin(self): return self._op("sin")
+    def cos(self): return self._op("cos")
+    def tan(self): return self._op("tan")
+    def asin(self): return self._op("asin")
+    def acos(self): return self._op("acos")
+    def atan(self): return self._op("atan")
+    def sinh(self): return self._op("sinh")
+    def cosh(self): return self._op("cosh")
+    def tanh(self): return self._op("tanh")
+    def asinh(self): return self._op("asinh")
+    def acosh(self): return self._op("acosh")
+    def atanh(self): return self._op("atanh")
+    def erf(self): return self._op("erf")
+    def erfc(self): return self._op("erfc")
+    def log1p(self): return self._op("log1p")
+    def expm1(self): return self._op("expm1")
+    def sigmoid(self): return self._op("sigmoid")
+    def softplus(self): return self._op("softplus")
+    def logsigmoid(self): return self._op("logsigmoid")
+    def square(self): return self._op("square")
+    def sign(self): return self._op("sign")
+    def step(self): return self._op("step")
+    def relu(self): return self._op("relu")
+    def inv(self): return self._op("inv")
+    def floor(self): return self._op("floor")
+    def ceil(self): return self._op("ceil")
+    def xlogx(self): return self._op("xlogx")
+    def sinxdivx(self): return self._op("sinxdivx")
+    def atan2(self, other): return self._op("atan2", other)
+
+    def round(self, d: int = 0):
+        """Round half away from zero, to ``d`` decimals."""
+        if d == 0:
+            return self._op("round")
+        s = float(10 ** d)
+        return (self * s)._op("round") / s
+
+    def power(self, p):
+        return self ** p
+
+    def clamp(self, a, b):
+        """``min(max(self, a), b)``; ``a`` and ``b`` are numbers or formulas."""
+        return self._op("clamp", a, b)
+
+    def clampint(self, a: int, b: int):
+        return self._op("clamp", int(a), int(b))
+
+    def ifelse(self, a, b):
+        """``a`` where ``self >= 0``, else ``b`` (as pykeops)."""
+        return self._op("ifelse", a, b)
+
+    def mod(self, modulus, offset=0):
+        """``self - modulus * floor((self - offset) / modulus)``, in ``[offset, offset + modulus)``."""
+        return self - modulus * ((self - offset) / modulus).floor()
+
+    def one_hot(self, D: int):
+        return self._op("one_hot", params=(int(D),))
+
+    def sqnorm2(self):
+        return (self * self).sum(-1)
+
+    def norm2(self):
+        return self.sqnorm2().sqrt()
+
+    def norm(self, dim=-1):
+        if dim not in (-1, self.nbatchdims + 2):
+            raise ValueError("norm is taken over the vector dimension (dim=-1)")
+        return self.norm2()
+
+    def normalize(self):
+        return self * self.sqnorm2().rsqrt()
+
+    def sqdist(self, other):
+        return (self - other).sqnorm2()
+
+    def weightedsqnorm(self, s):
+        """``Σ s_k x_k²`` (s of dim 1 or D) or ``xᵀ S x`` (s of dim D²)."""
+        s = s if isinstance(s, LazyTensor) else LazyTensor(s)
+        D = self.formula.dim
+        if s.formula.dim in (1, D):
+            return (s * self * self).sum(-1)
+        if s.formula.dim == D * D:
+            return (self * s.matvecmult(self)).sum(-1)
+        raise ValueError(f"weightedsqnorm: weight of dimension {s.formula.dim} for vectors of dimension {D}")
+
+    def weightedsqdist(self, other, s):
+        return (self - other).weightedsqnorm(s)
+
+    def matvecmult(self, v):
+        return self._op("matvec", v)
+
+    def vecmatmult(self, v):
+        return self._op("vecmat", v)
+
+    def tensorprod(self, v):
+        return self._op("tensorprod", v)
+
+    def difference_matrix(self, other):
+        """``(x_k - y_l)`` for all k, l: an (D1*D2)-vector (row-major)."""
+        D1 = self.formula.dim
+        D2 = (other if isinstance(other, LazyTensor) else LazyTensor(other)).formula.dim
+        ones1 = LazyTensor(np.ones(D1))
+        ones2 = LazyTensor(np.ones(D2))
+        return self.tensorprod(ones2) - ones1.tensorprod(other)
+
+    # ------------------------------------------------------------------ reductions
+
+    def _axis(self, dim, axis, name):
+        if axis is not None:
+            if dim is not None and dim != axis:
+                raise ValueError(f"{name}: got both dim={dim} and axis={axis}")
+            dim = axis
+        if dim is None:
+            raise ValueError(f"{name}: say which index to reduce, dim=0 (i) or dim=1 (j)")
+        nb = self.nbatchdims
+        if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
+            raise ValueError(f"{name}: dim must be an integer, got {dim!r}")
+        dim = int(dim)
+        if dim < 0:
+            dim += nb + 3
+        if dim == nb:
+            return 0
+        if dim == nb + 1:
+            return 1
+        raise ValueError(
+            f"{name}: cannot reduce over dim={dim} of a LazyTensor with shape "
+            f"(*batch{nb}, N, M, D); use dim={nb} (over i) or dim={nb + 1} (over j)"
+        )
+
+    def _vector_dim(self, dim) -> bool:
+        return dim is not None and not isinstance(dim, bool) and dim in (-1, self.nbatchdims + 2)
+
+    def _reduce(self, reduction, dim, axis=None, backend="auto", opts=None, call=True, out=None):
+        axis_ = self._axis(dim, axis, reduction)
+        opts = dict(opts or {})
+        if not call:
+            def run(*arrays, backend=backend):
+                if arrays:
+                    rebound = [Variable(a, v.cat, v.dim, v.label)
+                               for a, v in zip(arrays, self.variables)]
+                    return engine.reduce(self.formula, rebound, reduction, axis_, opts, backend)
+                return engine.reduce(self.formula, self.variables, reduction, axis_, opts, backend)
+
+            return run
+        result = engine.reduce(self.formula, self.variables, reduction, axis_, opts, backend)
+        if out is not None:
+            _copy_into(out, result)
+            return out
+        return result
+
+    def sum(self, dim=None, axis=None, backend="auto", call=True, out=None, **opts):
+        """Sum over i (dim=0) or j (dim=1); ``dim=-1`` sums the vector (symbolic)."""
+        if self._vector_dim(dim if axis is None else axis):
+            return self._op("sum")
+        return self._reduce("sum", dim, axis, backend, _sum_opts(opts), call, out)
+
+    def min(self, dim=None, axis=None, backend="auto", **kw):
+        if self._vector_dim(dim if axis is None else axis):
+            return self._op("vmin")
+        return self._reduce("min", dim, axis, backend, **kw)
+
+    def max(self, dim=None, axis=None, backend="auto", **kw):
+        if self._vector_dim(dim if axis is None else axis):
+            return self._op("vmax")
+        return self._reduce("max", dim, axis, backend, **kw)
+
+    def argmin(self, dim=None, axis=None, backend="auto", **kw):
+        if self._vector_dim(dim if axis is None else axis):
+            return self._op("vargmin")
+        return self._reduce("argmin", dim, axis, backend, **kw)
+
+    def argmax(self, dim=None, axis=None, backend="auto", **kw):
+        if self._vector_dim(dim if axis is None else axis):
+            return self._op("vargmax")
+        return self._reduce("argmax", dim, axis, backend, **kw)
+
+    def min_argmin(self, dim=None, axis=None, backend="auto", **kw):
+        return self._reduce("min_argmin", dim, axis, backend, **kw)
+
+    def max_argmax(self, dim=None, axis=None, backend="auto", **kw):
+        return self._reduce("max_argmax", dim, axis, backend, **kw)
+
+    def Kmin(self, K, dim=None, axis=None, backend="auto", **kw):
+        return self._reduce("kmin", dim, axis, backend, {"K": K}, **kw)
+
+    def argKmin(self, K, dim=None, axis=None, backend="auto", **kw):
+        return self._reduce("argkmin", dim, axis, backend, {"K": K}, **kw)
+
+    def Kmin_argKmin(self, K, dim=None, axis=None, backend="auto", **kw):
+        return self._reduce("kmin_argkmin", dim, axis, backend, {"K": K}, **kw)
+
+    def logsumexp(self, dim=None, axis=None, weight=None, backend="auto", **kw):
+        """``log Σ exp(self)`` (stable); with ``weight``: ``log Σ exp(self) * weight``."""
+        if weight is None:
+            return self._reduce("logsumexp", dim, axis, backend, **kw)
+        return self.concat(weight)._reduce("logsumexp_weight", dim, axis, backend, **kw)
+
+    def sumsoftmaxweight(self, weight, dim=None, axis=None, backend="auto", **kw):
+        """``Σ_j softmax_j(self) weight_j``."""
+        return self.concat(weight)._reduce("sumsoftmaxweight", dim, axis, backend, **kw)
+
+    def max_sumshiftexp(self, dim=None, axis=None, backend="auto", **kw):
+        return self._reduce("max_sumshiftexp", dim, axis, backend, **kw)
+
+    # pykeops aliases
+    sum_reduction = sum
+    min_reduction = min
+    max_reduction = max
+    argmin_reduction = argmin
+    argmax_reduction = argmax
+    min_argmin_reduction = min_argmin
+    max_argmax_reduction = max_argmax
+    Kmin_reduction = Kmin
+    argKmin_reduction = argKmin
+    Kmin_argKmin_reduction = Kmin_argKmin
+    logsumexp_reduction = logsumexp
+    sumsoftmaxweight_reduction = sumsoftmaxweight
+    max_sumshiftexp_reduction = max_sumshiftexp
+
+    def grad(self, v: "LazyTensor", gradin) -> "LazyTensor":
+        """Symbolic ``(∂self/∂v)ᵀ gradin`` as a LazyTensor (as pykeops ``.grad``).
+
+        ``v`` is a LazyTensor leaf of this formula; ``gradin`` an i-indexed array (or
+        LazyTensor) of this formula's dimension.
+        """
+        from codegen import diff
+
+        if len(v.variables) != 1 or v.formula.op != "var":
+            raise ValueError("grad: v must be a LazyTensor wrapping one variable")
+        g = gradin if isinstance(gradin, LazyTensor) else LazyTensor(gradin)
+        variables, _ = self._merged(v)
+        acc = LazyTensor._new(self.formula, variables)
+        variables, g_node = acc._merged(g)
+        target = variables.index(next(w for w in variables if w.data is v.variables[0].data
+                                      and w.cat == v.variables[0].cat))
+        x = ir.var(target, v.formula.dim, v.formula.cat)
+        cot = diff.vjp(self.formula, [x], g_node)[x]
+        return LazyTensor._new(cot, variables)
+
+
+def _sum_opts(opts):
+    out = {}
+    for k, v in opts.items():
+        if k == "sum_scheme":
+            if v not in ("direct_sum", "block_sum", "kahan_scheme"):
+                raise ValueError(f"sum_scheme must be direct_sum, block_sum or kahan_scheme, got {v!r}")
+            out[k] = v
+        elif k == "dtype_acc":
+            if v not in ("auto", "float32", "float64"):
+                raise ValueError(f"dtype_acc must be 'auto', 'float32' or 'float64', got {v!r}")
+            if v != "auto":
+                out[k] = v
+        elif k == "use_double_acc":
+            if v:
+                out["dtype_acc"] = "float64"
+        else:
+            raise TypeError(f"sum() got an unexpected option {k!r}")
+    return out
+
+
+def _copy_into(out, result):
+    if is_torch(out):
+        out.copy_(result)
+    else:
+        np.copyto(out, result)
+
+
+def Vi(x, label: str = "") -> LazyTensor:
+    """An i-indexed variable from a 2D array (N, D) (or 1D (N,))."""
+    return LazyTensor(x, axis=0, label=label)
+
+
+def Vj(x, label: str = "") -> LazyTensor:
+    """A j-indexed variable from a 2D array (M, D) (or 1D (M,))."""
+    return LazyTensor(x, axis=1, label=label)
+
+
+def Pm(x, label: str = "") -> LazyTensor:
+    """A parameter from a number or a 1D array (D,)."""
+    if isinstance(x, numbers.Number):
+        return LazyTensor(float(x), label=label)
+    x = _as_array(x)
+    if x.ndim == 0:
+        x = x.reshape(1)
+    return LazyTensor(x, axis=2, label=label)

@@ -1,0 +1,90 @@
+"""The dense reference evaluator: defines the semantics, is the oracle of the tests.
+
+Formulas are evaluated in float64 NumPy on chunks of rows (bounded memory: about
+``LAZYTENSOR_REF_CHUNK`` pair-components per chunk), then reduced with each
+reduction's NumPy reference. Also used as the fallback backend when no compiler exists.
+
+>>> import numpy as np
+>>> from codegen import ir, ops
+>>> x, y = ir.var(0, 1, "i"), ir.var(1, 1, "j")
+>>> out = reduce(ops.apply("mul", x, y), [np.ones((2, 1)), np.arange(3.0)[:, None]],
+...              ["i", "j"], (), 2, 3, "sum", {})
+>>> out[0][:, 0].tolist()
+[3.0, 3.0]
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from codegen import arraymath, ir, ops, reductions
+
+
+def evaluate(formula: ir.Node, arrays: dict, xp=None):
+    """Value of ``formula`` with ``arrays[index]`` for each variable (broadcasting arrays)."""
+    xp = xp or arraymath.numpy_namespace()
+    like = next(iter(arrays.values())) if arrays else np.zeros(1)
+    memo: dict[int, object] = {}
+    for node in ir.topo_order(formula):
+        if node.op == "var":
+            memo[id(node)] = arrays[node.index]
+        elif node.op == "const":
+            memo[id(node)] = xp.asarray(list(node.params), like)
+        else:
+            args = [memo[id(a)] for a in node.args]
+            memo[id(node)] = ops.get(node.op).ref(xp, args, node.params)
+    out = memo[id(formula)]
+    if out.shape[-1] != formula.dim:  # a broadcast scalar stays scalar in NumPy
+        out = out * xp.asarray([1.0] * formula.dim, like)
+    return out
+
+
+def _chunk_rows(M: int, width: int) -> int:
+    budget = int(os.environ.get("LAZYTENSOR_REF_CHUNK", 1 << 22))
+    return max(1, budget // max(1, M * width))
+
+
+def reduce(formula: ir.Node, data: list, cats: list, batch: tuple, N: int, M: int,
+           reduction: str, opts: dict) -> list[np.ndarray]:
+    """Outputs of ``reduction`` over j of ``formula``, shapes ``(*batch, N, dim)``, float64/int64.
+
+    ``data[k]`` is variable k in canonical form (``(*b, N, D)``, ``(*b, M, D)`` or ``(*b, D)``,
+    or a Python scalar), ``cats[k]`` its category.
+    """
+    red = reductions.get(reduction)
+    width = max(n.dim for n in ir.topo_order(formula))
+    nbd = len(batch)
+    arrays = []
+    for x, cat in zip(data, cats):
+        if isinstance(x, (int, float)):
+            a = np.full((1,) * nbd + (1,), float(x))
+        else:
+            a = np.asarray(x, dtype=np.float64)
+            a = a.reshape((1,) * (nbd - (a.ndim - (1 if cat == "p" else 2))) + a.shape)
+        arrays.append(a)
+    outs = [np.empty((*batch, N, o.dim), dtype=np.float64 if o.kind == "value" else np.int64)
+            for o in red.outputs(formula.dim, opts)]
+    step = _chunk_rows(M, width)
+    used = {v.index for v in ir.variables(formula)}
+    with np.errstate(all="ignore"):
+        for b in np.ndindex(*batch) if batch else [()]:
+            for i0 in range(0, N, step):
+                i1 = min(N, i0 + step)
+                env = {}
+                for k, (a, cat) in enumerate(zip(arrays, cats)):
+                    if k not in used:
+                        continue
+                    ab = a[tuple(min(bi, s - 1) for bi, s in zip(b, a.shape[:nbd]))]
+                    if cat == "i":
+                        env[k] = ab[i0:i1, None, :]
+                    elif cat == "j":
+                        env[k] = ab[None, :, :]
+                    else:
+                        env[k] = ab[None, None, :]
+                values = evaluate(formula, env) if env else np.zeros((1, 1, formula.dim))
+                values = np.broadcast_to(values, (i1 - i0, M, formula.dim))
+                for out, res in zip(outs, red.ref(values, opts)):
+                    out[b + (slice(i0, i1),)] = res
+    return outs
