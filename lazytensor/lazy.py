@@ -96,7 +96,7 @@ class LazyTensor:
         dim = int(data.shape[-1])
         if dim < 1:
             raise ValueError(f"LazyTensor got shape {tuple(x.shape)}: the vector dimension is 0")
-        if is_torch(data) and data.is_complex() or np.iscomplexobj(data) and not is_torch(data):
+        if data.is_complex() if is_torch(data) else np.iscomplexobj(data):
             raise TypeError(f"complex data is not supported (shape {tuple(x.shape)})")
         self.formula = ir.var(0, dim, cat)
         self.variables = [Variable(data, cat, dim, label)]
