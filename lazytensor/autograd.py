@@ -45,8 +45,20 @@ class KernelReduction(torch.autograd.Function):
         return (None, *reduction_vjp(ctx.call, inputs, outs, list(grads), needs))
 
 
-def apply_with_grad(call: ReductionCall, arrays: list) -> list:
-    """Run ``call`` through the autograd Function (min-type reductions also keep indices)."""
+def apply_with_grad(call: ReductionCall, arrays: list, grad_mode: str | None = None) -> list:
+    """Run ``call`` through the autograd Function (min-type reductions also keep indices).
+
+    Sum and LogSumExp whose differentiated i-variables/parameters are small use the fused
+    (dual-number) forward of :mod:`lazytensor.mixed` unless ``grad_mode="symbolic"``.
+    """
+    from . import mixed
+
+    mode = grad_mode or mixed.default_grad_mode()
+    if mode not in mixed.GRAD_MODES:
+        raise ValueError(f"grad_mode must be one of {mixed.GRAD_MODES}, got {mode!r}")
+    ks = mixed.dual_slots(call, arrays, mode)
+    if ks:
+        return [mixed.FusedReduction.apply(call, tuple(ks), *arrays)]
     variant = _ARG_VARIANT.get(call.reduction)
     if variant is not None:
         full = call.with_formula(call.formula, call.cats, call.dims, variant, call.opts)

@@ -147,10 +147,12 @@ def scalar_array(value: float, sig: Signature):
 
 
 def reduce(formula: ir.Node, variables: list, reduction: str, axis: int, opts: dict,
-           backend: str = "auto"):
+           backend: str = "auto", grad_mode: str | None = None):
     """Evaluate ``reduction`` of ``formula`` over ``axis`` (0: over i, 1: over j).
 
     Returns one array (or a tuple for two-output reductions) in the inputs' library.
+    ``grad_mode`` ("auto", "symbolic", "dual"; default: the process-wide default) chooses
+    how torch gradients are computed (see :mod:`lazytensor.mixed`).
     """
     red = reductions.get(reduction)
     if axis not in (0, 1):
@@ -172,7 +174,7 @@ def reduce(formula: ir.Node, variables: list, reduction: str, axis: int, opts: d
     if sig.library == "torch" and _needs_grad(arrays):
         from .autograd import apply_with_grad
 
-        outs = apply_with_grad(call, arrays)
+        outs = apply_with_grad(call, arrays, grad_mode)
     else:
         outs = execute(call, arrays)
     outs = [_shape_output(o, red, formula.dim, opts) for o in outs[: _n_user_outputs(red)]]

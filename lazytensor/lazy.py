@@ -399,7 +399,8 @@ class LazyTensor:
     def _vector_dim(self, dim) -> bool:
         return dim is not None and not isinstance(dim, bool) and dim in (-1, self.nbatchdims + 2)
 
-    def _reduce(self, reduction, dim, axis=None, backend="auto", opts=None, call=True, out=None):
+    def _reduce(self, reduction, dim, axis=None, backend="auto", opts=None, call=True, out=None,
+                grad_mode=None):
         axis_ = self._axis(dim, axis, reduction)
         opts = dict(opts or {})
         if not call:
@@ -407,21 +408,29 @@ class LazyTensor:
                 if arrays:
                     rebound = [Variable(a, v.cat, v.dim, v.label)
                                for a, v in zip(arrays, self.variables)]
-                    return engine.reduce(self.formula, rebound, reduction, axis_, opts, backend)
-                return engine.reduce(self.formula, self.variables, reduction, axis_, opts, backend)
+                    return engine.reduce(self.formula, rebound, reduction, axis_, opts, backend,
+                                         grad_mode)
+                return engine.reduce(self.formula, self.variables, reduction, axis_, opts, backend,
+                                     grad_mode)
 
             return run
-        result = engine.reduce(self.formula, self.variables, reduction, axis_, opts, backend)
+        result = engine.reduce(self.formula, self.variables, reduction, axis_, opts, backend,
+                               grad_mode)
         if out is not None:
             _copy_into(out, result)
             return out
         return result
 
-    def sum(self, dim=None, axis=None, backend="auto", call=True, out=None, **opts):
-        """Sum over i (dim=0) or j (dim=1); ``dim=-1`` sums the vector (symbolic)."""
+    def sum(self, dim=None, axis=None, backend="auto", call=True, out=None, grad_mode=None,
+            **opts):
+        """Sum over i (dim=0) or j (dim=1); ``dim=-1`` sums the vector (symbolic).
+
+        Options as pykeops: ``sum_scheme`` ("block_sum" default, "direct_sum",
+        "kahan_scheme"), ``dtype_acc`` / ``use_double_acc``; ``grad_mode`` for torch gradients.
+        """
         if self._vector_dim(dim if axis is None else axis):
             return self._op("sum")
-        return self._reduce("sum", dim, axis, backend, _sum_opts(opts), call, out)
+        return self._reduce("sum", dim, axis, backend, _sum_opts(opts), call, out, grad_mode)
 
     def min(self, dim=None, axis=None, backend="auto", **kw):
         if self._vector_dim(dim if axis is None else axis):

@@ -1,0 +1,137 @@
+"""Mixed-mode gradients: forward-mode tangents fused into the forward kernel.
+
+For ``a_i = Σ_j F(x_i, y_j, p)`` with ``x`` (and/or ``p``) of small total dimension k, the
+forward kernel also accumulates ``J_i = Σ_j ∂F/∂(x_i, p)`` (k tangent directions, each a
+JVP formula sharing the forward's subterms). The backward for those inputs is then
+``g_iᵀ J_i``: an O(N·k·F) product, with no second pass over the N×M pairs. Branches
+(``ifelse``, ``step``, ``relu``, ``clamp``, comparisons) need no reverse rule: each
+tangent follows the branch taken.
+
+LogSumExp fuses too: ``∂ lse_i = Σ_j softmax_ij(F) ∂F_ij``, a softmax-weighted sum of the
+tangents, which the SumSoftMaxWeight accumulator computes in the same pass as ``lse``.
+(SumSoftMaxWeight and weighted LogSumExp have fused forms as well, as softmax-weighted
+sums of ``∂w``, ``w ⊗ ∂f`` and ``∂f``; they use the symbolic path for now.)
+
+Second-order gradients (``create_graph=True``) fall back to the symbolic path, which is
+differentiable to any order.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from codegen import diff, ir, ops
+
+from .engine import ReductionCall, execute
+
+GRAD_MODES = ("auto", "symbolic", "dual")
+FUSABLE = ("sum", "logsumexp")
+
+# Largest total tangent dimension k for which "auto" picks dual mode. Measured on the CPU
+# backend with `python -m lazytensor.bench --suite dual`: fused forward+backward beats
+# forward + symbolic backward up to k = 8 for the Gaussian kernel (see BENCHMARKS.md).
+AUTO_MAX_TANGENTS = 8
+
+_default = {"grad_mode": "auto"}
+
+
+def set_default_grad_mode(mode: str) -> None:
+    """Set the process-wide default ``grad_mode`` ("auto", "symbolic" or "dual")."""
+    if mode not in GRAD_MODES:
+        raise ValueError(f"grad_mode must be one of {GRAD_MODES}, got {mode!r}")
+    _default["grad_mode"] = mode
+
+
+def default_grad_mode() -> str:
+    return _default["grad_mode"]
+
+
+def dual_slots(call: ReductionCall, arrays: list, mode: str) -> list[int]:
+    """Indices of the inputs whose gradient will come from fused tangents ([] = symbolic)."""
+    if mode == "symbolic" or call.reduction not in FUSABLE:
+        if mode == "dual" and call.reduction not in FUSABLE:
+            raise ValueError(
+                f"grad_mode='dual' supports the reductions {FUSABLE}, not {call.reduction}"
+            )
+        return []
+    ks = [k for k, a in enumerate(arrays) if a.requires_grad and call.cats[k] in ("i", "p")]
+    k_total = sum(call.dims[k] for k in ks)
+    if not ks or (mode == "auto" and k_total > AUTO_MAX_TANGENTS):
+        return []
+    return ks
+
+
+def tangent_formulas(F: ir.Node, call: ReductionCall, ks: list[int]) -> list[ir.Node]:
+    """One JVP formula per tangent direction (basis vector of each dual input)."""
+    out = []
+    for k in ks:
+        x = ir.var(k, call.dims[k], call.cats[k])
+        for c in range(call.dims[k]):
+            e = [0.0] * call.dims[k]
+            e[c] = 1.0
+            out.append(diff.jvp(F, {x: ir.const(e)}))
+    return out
+
+
+def _concat(nodes):
+    out = nodes[0]
+    for n in nodes[1:]:
+        out = ops.apply("concat", out, n)
+    return out
+
+
+def fused_call(call: ReductionCall, ks: list[int]) -> ReductionCall:
+    """The forward call that also accumulates the tangents."""
+    tangents = tangent_formulas(call.formula, call, ks)
+    if call.reduction == "sum":
+        formula = _concat([call.formula, *tangents])
+        return call.with_formula(formula, call.cats, call.dims, "sum", call.opts)
+    formula = _concat([call.formula, *tangents])  # logsumexp: f then the weights ∂f
+    return call.with_formula(formula, call.cats, call.dims, "sumsoftmaxweight", ())
+
+
+class FusedReduction(torch.autograd.Function):
+    """Sum / LogSumExp whose forward also accumulates ``Σ_j ∂F/∂v`` for the dual inputs."""
+
+    @staticmethod
+    def forward(ctx, call: ReductionCall, ks: tuple, *tensors):
+        fused = fused_call(call, list(ks))
+        outs = execute(fused, list(tensors))
+        F = call.formula.dim
+        if call.reduction == "sum":
+            out, J = outs[0][..., :F], outs[0][..., F:]
+            J = J.reshape(*J.shape[:-1], -1, F)  # (..., k, F)
+        else:
+            out, J = outs[1], outs[0][..., None]  # lse and Σ softmax ∂f: (..., k, 1)
+        out = out.contiguous()
+        ctx.call, ctx.ks, ctx.n_in = call, tuple(ks), len(tensors)
+        ctx.save_for_backward(*tensors, out, J)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        from .autograd import _unbroadcast, reduction_vjp
+
+        saved = ctx.saved_tensors
+        inputs, out, J = list(saved[: ctx.n_in]), saved[ctx.n_in], saved[ctx.n_in + 1]
+        needs = list(ctx.needs_input_grad[2:])
+        call = ctx.call
+        if torch.is_grad_enabled():
+            # create_graph: the symbolic path is differentiable to any order.
+            return (None, None, *reduction_vjp(call, inputs, [out], [g], needs))
+        grads = [None] * len(inputs)
+        slot_grads = torch.einsum("...kf,...f->...k", J, g)
+        offset = 0
+        for k in ctx.ks:
+            d = call.dims[k]
+            part = slot_grads[..., offset: offset + d]
+            offset += d
+            if needs[k]:
+                if call.cats[k] == "p":
+                    part = part.sum(dim=-2)
+                grads[k] = _unbroadcast(part, inputs[k].shape)
+        rest = [needs[k] and k not in ctx.ks for k in range(len(inputs))]
+        if any(rest):
+            sym = reduction_vjp(call, inputs, [out], [g], rest)
+            grads = [s if s is not None else d for s, d in zip(sym, grads)]
+        return (None, None, *grads)
