@@ -87,7 +87,14 @@ def reduction_vjp(call, inputs, outs, grads, needs) -> list:
         return _sum_vjp(call, G, inputs, [outs[0]], g, needs)
     if red == "sumsoftmaxweight":
         lse = ir.var(len(inputs) + 1, 1, "i")
-        G = ops.apply("mul", ops.apply("exp", ops.apply("sub", f, lse)), ops.apply("sub", w, k_out))
+        softmax = ops.apply("exp", ops.apply("sub", f, lse))
+        G = ops.apply("mul", softmax, ops.apply("sub", w, k_out))
+        if grads[1] is not None:
+            # The auxiliary log-sum-exp output is used by first-order gradients, so it
+            # receives a cotangent in double backward: d lse = Σ_j softmax_ij df_ij.
+            G = ops.apply("concat", G, softmax)
+            g0 = g if g is not None else torch.zeros_like(outs[0])
+            g = torch.cat([g0, grads[1]], dim=-1)
         return _sum_vjp(call, G, inputs, [outs[0], outs[1]], g, needs)
     raise NotImplementedError(
         f"the {red} reduction has no gradient (use logsumexp / min_argmin instead)"

@@ -129,8 +129,11 @@ class LazyTensor:
 
     @property
     def shape(self) -> tuple:
+        """``(*batch, N, M, D)``; ``(*batch, N, M)`` for a scalar formula, as pykeops (and as
+        ``scipy.sparse.linalg.aslinearoperator`` needs)."""
         sig = engine.bind(self.variables)
-        return (*sig.batch, sig.N, sig.M, self.formula.dim)
+        D = self.formula.dim
+        return (*sig.batch, sig.N, sig.M) if D == 1 else (*sig.batch, sig.N, sig.M, D)
 
     @property
     def dtype(self):
@@ -505,7 +508,10 @@ class LazyTensor:
 
         if len(v.variables) != 1 or v.formula.op != "var":
             raise ValueError("grad: v must be a LazyTensor wrapping one variable")
-        g = gradin if isinstance(gradin, LazyTensor) else LazyTensor(gradin)
+        if isinstance(gradin, LazyTensor):
+            g = gradin
+        else:  # an (N, E) array: i-indexed, like the reduction's output
+            g = LazyTensor(gradin, axis=0) if getattr(gradin, "ndim", 0) == 2 else LazyTensor(gradin)
         variables, _ = self._merged(v)
         acc = LazyTensor._new(self.formula, variables)
         variables, g_node = acc._merged(g)
@@ -514,6 +520,43 @@ class LazyTensor:
         x = ir.var(target, v.formula.dim, v.formula.cat)
         cot = diff.vjp(self.formula, [x], g_node)[x]
         return LazyTensor._new(cot, variables)
+
+    # ------------------------------------------------------------------ linear algebra
+
+    def solve(self, b, alpha=0.0, eps=1e-6, **kwargs):
+        """``x`` with ``(alpha I + K) x = b`` by conjugate gradient (K symmetric positive).
+
+        >>> x = np.random.rand(100, 2)
+        >>> K = (-Vi(x).sqdist(Vj(x))).exp()
+        >>> K.solve(np.random.rand(100, 1), alpha=0.1).shape
+        (100, 1)
+
+        See :func:`lazytensor.solve.solve` (``maxiter``, ``var``, ``backend``); differentiable.
+        """
+        from .solve import solve
+
+        return solve(self, b, alpha=alpha, eps=eps, **kwargs)
+
+    # scipy.sparse.linalg.aslinearoperator(K) reads shape, dtype, matvec, rmatvec, rmatmat.
+    def matvec(self, v):
+        """``K @ v`` for a NumPy vector, cast to K's dtype (the LinearOperator protocol)."""
+        return self @ _cast_like(v, self.dtype)
+
+    def rmatvec(self, v):
+        """``Kᵀ @ v``."""
+        return self.T @ _cast_like(v, self.dtype)
+
+    def matmat(self, v):
+        return self @ _cast_like(v, self.dtype)
+
+    def rmatmat(self, v):
+        return self.T @ _cast_like(v, self.dtype)
+
+
+def _cast_like(v, dtype):
+    if is_torch(v) or dtype is None or not isinstance(dtype, np.dtype):
+        return v
+    return np.ascontiguousarray(v, dtype=dtype)
 
 
 def _sum_opts(opts):

@@ -11,12 +11,14 @@ formula's structural key and the call's static options.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import json
 import os
 import sys
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -50,8 +52,22 @@ class KernelSpec:
             "dtype": self.dtype,
             "backend": backend,
             "toolchain": identity,
+            "codegen": codegen_fingerprint(),
         }, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def codegen_fingerprint() -> str:
+    """sha256 over the code generator's sources: a changed renderer never reuses old binaries."""
+    import codegen
+
+    h = hashlib.sha256()
+    root = Path(codegen.__file__).parent
+    for path in sorted(root.glob("*.py")):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
 
 
 class CpuKernel:
