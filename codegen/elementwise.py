@@ -132,12 +132,41 @@ def _lambdified_ref(edef: ElementwiseDef):
             "E": 2.718281828459045,
         }  # fmt: skip
         syms = sympy_bridge.symbols(edef.arity)
-        return sympy.lambdify(syms, edef.sym(*syms, *params), modules=[table])
+        expr = edef.sym(*syms, *params)
+        # Through the IR first: Piecewise, Max/Min, Heaviside, Mod then follow the ops'
+        # references (lambdify would print them as Python `if`/`max`, which fail on arrays).
+        placeholders = [ir.var(k, 1, "i") for k in range(edef.arity)]
+        try:
+            node = sympy_bridge.to_ir(expr, placeholders)
+        except (NotImplementedError, TypeError):
+            node = None
+        if node is not None and edef.name not in set(ir.iter_ops(node)):
+            return lambda *arrays: _evaluate_ir(node, placeholders, arrays, xp)
+        return sympy.lambdify(syms, expr, modules=[table])
 
     def ref(xp, arrays, params):
         return compiled(xp.name, tuple(params))(*arrays)
 
     return ref
+
+
+def _evaluate_ir(node: ir.Node, placeholders, arrays, xp):
+    """Value of a scalar IR expression in ``placeholders`` bound to ``arrays`` (broadcast)."""
+    from .ops import get
+
+    like = arrays[0]
+    memo = {id(p): a for p, a in zip(placeholders, arrays)}
+    for n in ir.topo_order(node):
+        if id(n) in memo:
+            continue
+        if n.op == "const":
+            memo[id(n)] = xp.asarray(list(n.params), like)
+        else:
+            memo[id(n)] = get(n.op).ref(xp, [memo[id(a)] for a in n.args], n.params)
+    out = memo[id(node)]
+    for a in arrays:  # a constant or one-argument result still takes the broadcast shape
+        out = xp.where(a == a, out, out)
+    return out
 
 
 def define(
@@ -271,12 +300,15 @@ define("ifelse", 3, c=lambda dt, c, a, b: f"({c} >= 0 ? {a} : {b})",
        ref=lambda xp, t, p: xp.where(t[0] >= 0, t[1], t[2]),
        derivs=lambda c, a, b: [None, _step(c), apply("sub", _c(1), _step(c))],
        doc="a where c >= 0, else b (as pykeops)")
-define("step", 1, sym=lambda a: _sp("Heaviside")(a), ref=lambda xp, t, p: xp.where(
-    t[0] != t[0], t[0], xp.as_float(t[0] >= 0, t[0])), differentiable=False)
+# step and relu return literal zeros: `a * 0` would turn -inf into NaN (relu(-inf) = 0).
+define("step", 1, sym=lambda a: _sp("Heaviside")(a),
+       c=lambda dt, a: f"({a} < 0 ? (T)0 : ({a} == {a} ? (T)1 : {a}))",
+       ref=lambda xp, t, p: xp.where(t[0] != t[0], t[0], xp.as_float(t[0] >= 0, t[0])),
+       differentiable=False, doc="1 where a >= 0, 0 where a < 0, NaN for NaN (step(0) = 1)")
 define("sign", 1, sym=lambda a: _sp("sign")(a), sympy_func="sign",
        ref=_np("sign"), differentiable=False)
-define("relu", 1, c=lambda dt, a: f"({a} < 0 ? ({a})*0 : {a})",
-       ref=lambda xp, t, p: xp.where(t[0] < 0, t[0] * 0, t[0]),
+define("relu", 1, c=lambda dt, a: f"({a} < 0 ? (T)0 : {a})",
+       ref=lambda xp, t, p: xp.where(t[0] < 0, xp.zeros_like(t[0]), t[0]),
        derivs=lambda a: [apply("sub", _c(1), _step(apply("neg", a)))])
 define("abs", 1, c=_fn("fabs"), ref=_np("abs"), sympy_func="Abs",
        derivs=lambda a: [apply("sign", a)])
@@ -341,12 +373,12 @@ define("sigmoid", 1, sym=lambda a: 1 / (1 + _sp("exp")(-a)),
 define("softplus", 1, sym=lambda a: _sp("log")(1 + _sp("exp")(a)),
        c=lambda dt, a: f"({a} > 0 ? {a} + {_fn('log1p')(dt, _fn('exp')(dt, '-' + a))} : "
                        f"{_fn('log1p')(dt, _fn('exp')(dt, a))})",
-       ref=lambda xp, t, p: xp.maximum(t[0], 0 * t[0]) + xp.log1p(xp.exp(-xp.abs(t[0]))),
+       ref=lambda xp, t, p: xp.maximum(t[0], xp.zeros_like(t[0])) + xp.log1p(xp.exp(-xp.abs(t[0]))),
        derivs=lambda a: [apply("sigmoid", a)], doc="log(1 + exp(a)), overflow-free")
 define("logsigmoid", 1, sym=lambda a: -_sp("log")(1 + _sp("exp")(-a)),
        c=lambda dt, a: f"(-({a} < 0 ? -{a} + {_fn('log1p')(dt, _fn('exp')(dt, a))} : "
                        f"{_fn('log1p')(dt, _fn('exp')(dt, '-' + a))}))",
-       ref=lambda xp, t, p: -(xp.maximum(-t[0], 0 * t[0]) + xp.log1p(xp.exp(-xp.abs(t[0])))),
+       ref=lambda xp, t, p: -(xp.maximum(-t[0], xp.zeros_like(t[0])) + xp.log1p(xp.exp(-xp.abs(t[0])))),
        derivs=lambda a: [apply("sigmoid", apply("neg", a))])
 define("xlogx", 1, sym=lambda a: a * _sp("log")(a),
        c=lambda dt, a: f"({a} == 0 ? (T)0 : {a} * {_fn('log')(dt, a)})",

@@ -48,6 +48,11 @@ def _printer(dtype: str):
             a = self._print(expr.args[0])
             return f"(({a}) < 0 ? ({a})*0 : ({a}) == ({a}) ? 1 : ({a}))"
 
+        def _print_Mod(self, expr):
+            # sympy's Mod takes the sign of the divisor (floored); C's fmod truncates.
+            a, b = (self.parenthesize(x, 100) for x in expr.args)
+            return f"({a} - {b}*{self._print_Function_name('floor')}({a}/{b}))"
+
         def _print_sign(self, expr):
             a = self._print(expr.args[0])
             return f"(({a}) > 0 ? 1 : ({a}) < 0 ? -1 : ({a})*0)"
@@ -109,6 +114,9 @@ def to_ir(expr, args: list[ir.Node]) -> ir.Node:
             if exp.is_Number:
                 return ops.apply("pow", conv(base), params=(float(exp),))
             return ops.apply("exp", ops.apply("mul", conv(exp), ops.apply("log", conv(base))))
+        if isinstance(e, sympy.Mod):  # floored: a - b floor(a / b)
+            a, b = conv(e.args[0]), conv(e.args[1])
+            return ops.apply("sub", a, ops.apply("mul", b, ops.apply("floor", ops.apply("div", a, b))))
         if isinstance(e, sympy.DiracDelta):
             return ir.const(0.0)
         if isinstance(e, sympy.Heaviside):

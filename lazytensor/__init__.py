@@ -9,7 +9,12 @@
 """
 
 from .lazy import LazyTensor, Pm, Vi, Vj
+from .custom import elementwise
+from .genred import Genred, generic_argkmin, generic_argmin, generic_logsumexp, generic_sum
+from .solve import KernelSolve
 
 __version__ = "0.1.0"
 
 __all__ = ["LazyTensor", "Vi", "Vj", "Pm", "__version__"]
+__all__ += ["Genred", "generic_sum", "generic_logsumexp", "generic_argmin", "generic_argkmin",
+            "KernelSolve", "elementwise"]

@@ -18,14 +18,14 @@ import numpy as np
 from codegen import ir, ops
 
 from . import engine
-from .binding import Variable, is_torch
+from .binding import Variable, array_dtype, is_torch
 
 
 def _canonical(x, axis):
     """(data in canonical form, category, dim, batch dims) from a user array."""
     nd = x.ndim
     if axis is not None:
-        if axis not in (0, 1, 2):
+        if isinstance(axis, bool) or axis not in (0, 1, 2):
             raise ValueError(f"axis must be 0 (i), 1 (j) or 2 (parameter), got {axis!r}")
         if axis == 2:
             if nd != 1:
@@ -64,7 +64,10 @@ def _as_array(x):
     if is_torch(x) or isinstance(x, np.ndarray):
         return x
     if isinstance(x, (list, tuple)):
-        return np.asarray(x, dtype=np.float64)
+        try:
+            return np.asarray(x, dtype=np.float64)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"LazyTensor cannot convert a {type(x).__name__} to a float64 array: {e}") from None
     raise TypeError(f"LazyTensor cannot wrap an object of type {type(x).__name__}")
 
 
@@ -97,7 +100,8 @@ class LazyTensor:
         if dim < 1:
             raise ValueError(f"LazyTensor got shape {tuple(x.shape)}: the vector dimension is 0")
         if data.is_complex() if is_torch(data) else np.iscomplexobj(data):
-            raise TypeError(f"complex data is not supported (shape {tuple(x.shape)})")
+            raise TypeError(f"LazyTensor got complex data (shape {tuple(x.shape)}, dtype "
+                            f"{array_dtype(data)}); expected float32 or float64")
         self.formula = ir.var(0, dim, cat)
         self.variables = [Variable(data, cat, dim, label)]
 
@@ -151,7 +155,9 @@ class LazyTensor:
         mapping = {}
         for k, v in enumerate(other.variables):
             for n, w in enumerate(variables):
-                if w.data is v.data and w.cat == v.cat and not v.is_scalar:
+                # The same Variable object (a shared scalar parameter too) is one variable:
+                # otherwise f * f doubles f's scalars and repeated sharing grows exponentially.
+                if w is v or (w.data is v.data and w.cat == v.cat and not v.is_scalar):
                     break
             else:
                 n = len(variables)
@@ -169,7 +175,12 @@ class LazyTensor:
             variables, node = acc._merged(o)
             nodes.append(node)
             acc = LazyTensor._new(self.formula, variables)
-        return LazyTensor._new(ops.apply(name, *nodes, params=params), variables)
+        try:
+            node = ops.apply(name, *nodes, params=params)
+        except ValueError as e:  # name the operands' variables, not just their dimensions
+            described = "; ".join(_describe_operand(o) for o in (self, *operands))
+            raise ValueError(f"{e}; operands: {described}") from None
+        return LazyTensor._new(node, variables)
 
     def _rop(self, name, other):
         return LazyTensor(other)._op(name, self)
@@ -218,14 +229,26 @@ class LazyTensor:
         return LazyTensor(o) | self
 
     def __matmul__(self, v):
-        """``K @ v``: ``Σ_j K_ij v_j`` for a scalar formula K and an (M, E) array v."""
+        """``K @ v``: ``Σ_j K_ij v_j`` for a scalar formula K and an (M, E) array v.
+
+        A 1D ``v`` of shape (M,) gives a result of shape (N,), as in pykeops.
+
+        >>> x, y = np.random.rand(5, 3), np.random.rand(4, 3)
+        >>> K = (-Vi(x).sqdist(Vj(y))).exp()
+        >>> (K @ np.ones((4, 2))).shape, (K @ np.ones(4)).shape
+        ((5, 2), (5,))
+        """
         if self.formula.dim != 1:
             raise ValueError(f"K @ v needs a scalar formula K, got dimension {self.formula.dim}")
         if isinstance(v, LazyTensor):
             raise TypeError("K @ v takes an array v of shape (M, E), not a LazyTensor")
         v = _as_array(v)
+        if v.ndim == 0:
+            raise ValueError("K @ v needs v of shape (M,) or (M, E) (or (*batch, M, E)), got a 0D array")
         vj = LazyTensor(v[..., None, :, :] if v.ndim >= 2 else v[None, :, None])
-        return (self * vj).sum(dim=self.nbatchdims + 1)
+        prod = self * vj  # a batched v adds batch dimensions: reduce over j of the product
+        out = prod.sum(dim=prod.nbatchdims + 1)
+        return out[..., 0] if v.ndim == 1 else out  # as pykeops: a vector v gives a vector
 
     def __getitem__(self, key):
         """``x[k]`` (one component), ``x[a:b]`` (a slice) of the vector dimension."""
@@ -403,7 +426,9 @@ class LazyTensor:
         return dim is not None and not isinstance(dim, bool) and dim in (-1, self.nbatchdims + 2)
 
     def _reduce(self, reduction, dim, axis=None, backend="auto", opts=None, call=True, out=None,
-                grad_mode=None):
+                grad_mode=None, **unknown):
+        if unknown:
+            raise TypeError(f"{reduction}() got an unexpected keyword argument {next(iter(unknown))!r}")
         axis_ = self._axis(dim, axis, reduction)
         opts = dict(opts or {})
         if not call:
@@ -471,14 +496,33 @@ class LazyTensor:
         return self._reduce("kmin_argkmin", dim, axis, backend, {"K": K}, **kw)
 
     def logsumexp(self, dim=None, axis=None, weight=None, backend="auto", **kw):
-        """``log Σ exp(self)`` (stable); with ``weight``: ``log Σ exp(self) * weight``."""
+        """``log Σ exp(self)`` (stable); with ``weight``: ``log Σ exp(self) * weight``.
+
+        >>> x, y = np.random.rand(5, 2), np.random.rand(6, 2)
+        >>> (Vi(x) | Vj(y)).logsumexp(dim=1, weight=Vj(np.ones((6, 3)))).shape
+        (5, 3)
+        """
         if weight is None:
             return self._reduce("logsumexp", dim, axis, backend, **kw)
-        return self.concat(weight)._reduce("logsumexp_weight", dim, axis, backend, **kw)
+        return self._with_weight(weight, "logsumexp")._reduce("logsumexp_weight", dim, axis,
+                                                              backend, **kw)
 
     def sumsoftmaxweight(self, weight, dim=None, axis=None, backend="auto", **kw):
-        """``Σ_j softmax_j(self) weight_j``."""
-        return self.concat(weight)._reduce("sumsoftmaxweight", dim, axis, backend, **kw)
+        """``Σ_j softmax_j(self) weight_j`` for a scalar formula ``self``.
+
+        >>> q, k, v = np.random.rand(5, 2), np.random.rand(6, 2), np.random.rand(6, 3)
+        >>> (Vi(q) | Vj(k)).sumsoftmaxweight(Vj(v), dim=1).shape
+        (5, 3)
+        """
+        return self._with_weight(weight, "sumsoftmaxweight")._reduce("sumsoftmaxweight", dim, axis,
+                                                                     backend, **kw)
+
+    def _with_weight(self, weight, name):
+        """``concat(self, weight)``; the reductions read component 0 as the scalar formula."""
+        if self.formula.dim != 1:
+            raise ValueError(f"{name} with a weight needs a scalar formula, got dimension "
+                             f"{self.formula.dim} (reduce it first, e.g. with .sum(-1))")
+        return self.concat(weight)
 
     def max_sumshiftexp(self, dim=None, axis=None, backend="auto", **kw):
         return self._reduce("max_sumshiftexp", dim, axis, backend, **kw)
@@ -577,6 +621,13 @@ def _sum_opts(opts):
         else:
             raise TypeError(f"sum() got an unexpected option {k!r}")
     return out
+
+
+def _describe_operand(lt: "LazyTensor") -> str:
+    """``Vi(0,3) of dimension 3 (i-variable (shape (10, 3), dtype float64))`` for messages."""
+    text = f"{ir.to_text(lt.formula, limit=60)} of dimension {lt.formula.dim}"
+    arrays = [v.describe() for v in lt.variables if not v.is_scalar]
+    return f"{text} ({', '.join(arrays)})" if arrays else text
 
 
 def _copy_into(out, result):

@@ -1,0 +1,592 @@
+"""KeOps formula strings to IR: a tokenizer and a recursive-descent parser (never ``eval``).
+
+Grammar (lowest precedence first, as in Python, where KeOps strings come from)::
+
+    formula  := additive ('|' additive)*          (x|y) is the dot product
+    additive := term (('+' | '-') term)*
+    term     := unary (('*' | '/') unary)*
+    unary    := ('-' | '+') unary | primary
+    primary  := NUMBER | NAME | NAME '(' arguments ')' | '(' formula ')'
+
+Names are looked up in tables (aliases, :data:`FUNCTIONS`, user-registered functions);
+numbers go through ``int()`` / ``float()``. Nothing of the string reaches generated code
+except through the IR it builds.
+
+Variable indices: an alias written with an index (``"y = Vj(1, 3)"``, ``"Var(1, 3, 1)"``)
+keeps it; one written without (``"x = Vi(3)"``) takes its position in the alias list,
+as in KeOps. A formula may also use ``Var(index, dim, cat)``, ``Vi(index, dim)``, ... inline.
+All indices together must be ``0 .. n-1``: they give the order of the call's arguments.
+
+>>> f, variables = parse("Exp(-SqDist(x, y)) * b", ["x = Vi(3)", "y = Vj(3)", "b = Vj(1)"])
+>>> [(v.name, v.index, v.cat, v.dim) for v in variables], f.dim
+([('x', 0, 'i', 3), ('y', 1, 'j', 3), ('b', 2, 'j', 1)], 1)
+"""
+
+from __future__ import annotations
+
+import difflib
+import keyword
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from . import ir, ops
+
+MAX_DEPTH = 64  # nesting of parentheses, calls and unary signs (Python's stack stays safe)
+MAX_INDEX = 4095
+MAX_DIM = 1 << 16
+MAX_INT = 1 << 31
+_DIGITS = frozenset("0123456789")
+_IDENT_START = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_")
+_IDENT = _IDENT_START | _DIGITS
+_PUNCT = frozenset("+-*/|(),=")
+_CATS = {"Vi": "i", "Vj": "j", "Pm": "p"}
+_KEOPS_CATS = {0: "i", 1: "j", 2: "p"}
+
+
+class FormulaSyntaxError(ValueError):
+    """A malformed formula or alias; the message shows the string with a caret under ``pos``."""
+
+    def __init__(self, message: str, source: str, pos: int):
+        self.source, self.pos = source, pos
+        super().__init__(f"{message}\n{excerpt(source, pos)}")
+
+
+def excerpt(source: str, pos: int, width: int = 60) -> str:
+    """Two lines: (a window of) ``source`` and a caret under character ``pos``."""
+    text = "".join(c if c.isprintable() else " " for c in source)
+    start = max(0, pos - width)
+    end = min(len(text), pos + width)
+    prefix = "..." if start > 0 else ""
+    suffix = "..." if end < len(text) else ""
+    line = prefix + text[start:end] + suffix
+    return f"    {line}\n    {' ' * (len(prefix) + pos - start)}^"
+
+
+# ---------------------------------------------------------------------------- tokens
+
+
+@dataclass(frozen=True)
+class Token:
+    kind: str  # "int", "float", "name", "op", "end"
+    text: str
+    pos: int
+
+
+def tokenize(source: str) -> list[Token]:
+    """Split ``source`` into tokens; raise :class:`FormulaSyntaxError` at a bad character."""
+    if not isinstance(source, str):
+        raise TypeError(f"a formula must be a string, got {type(source).__name__}")
+    tokens, i, n = [], 0, len(source)
+    while i < n:
+        c = source[i]
+        if c in " \t\r\n":
+            i += 1
+        elif c in _DIGITS or (c == "." and i + 1 < n and source[i + 1] in _DIGITS):
+            tok = _scan_number(source, i)
+            tokens.append(tok)
+            i += len(tok.text)
+        elif c in _IDENT_START:
+            j = i + 1
+            while j < n and source[j] in _IDENT:
+                j += 1
+            tokens.append(Token("name", source[i:j], i))
+            i = j
+        elif c in _PUNCT:
+            tokens.append(Token("op", c, i))
+            i += 1
+        else:
+            raise FormulaSyntaxError(f"unexpected character {c!r}", source, i)
+    tokens.append(Token("end", "", n))
+    return tokens
+
+
+def _scan_number(source: str, i: int) -> Token:
+    n, j = len(source), i
+    while j < n and source[j] in _DIGITS:
+        j += 1
+    is_float = False
+    if j < n and source[j] == ".":
+        is_float = True
+        j += 1
+        while j < n and source[j] in _DIGITS:
+            j += 1
+    if j < n and source[j] in "eE":
+        k = j + 1
+        if k < n and source[k] in "+-":
+            k += 1
+        if k >= n or source[k] not in _DIGITS:
+            raise FormulaSyntaxError("malformed exponent in number", source, j)
+        while k < n and source[k] in _DIGITS:
+            k += 1
+        is_float, j = True, k
+    if j - i > 400:
+        raise FormulaSyntaxError("number literal too long", source, i)
+    return Token("float" if is_float else "int", source[i:j], i)
+
+
+# ---------------------------------------------------------------------------- variables
+
+
+@dataclass(frozen=True)
+class VarDecl:
+    """A formula variable: its alias name (None for an inline ``Var(...)``), index, category, dim."""
+
+    name: str | None
+    index: int
+    cat: str
+    dim: int
+
+    @property
+    def node(self) -> ir.Node:
+        return ir.var(self.index, self.dim, self.cat)
+
+    def describe(self) -> str:
+        kind = {"i": "Vi", "j": "Vj", "p": "Pm"}[self.cat]
+        return f"{self.name + ' = ' if self.name else ''}{kind}({self.index}, {self.dim})"
+
+
+class _Cursor:
+    """Token stream over one string, with error reporting at a token."""
+
+    def __init__(self, source: str):
+        self.source = source
+        self.tokens = tokenize(source)
+        self.k = 0
+
+    @property
+    def peek(self) -> Token:
+        return self.tokens[self.k]
+
+    def advance(self) -> Token:
+        tok = self.tokens[self.k]
+        if tok.kind != "end":
+            self.k += 1
+        return tok
+
+    def error(self, message: str, tok: Token | None = None) -> FormulaSyntaxError:
+        tok = tok or self.peek
+        return FormulaSyntaxError(message, self.source, tok.pos)
+
+    def at_op(self, text: str) -> bool:
+        return self.peek.kind == "op" and self.peek.text == text
+
+    def expect_op(self, text: str) -> Token:
+        if not self.at_op(text):
+            raise self.error(f"expected {text!r}, found {_describe(self.peek)}")
+        return self.advance()
+
+    def expect_end(self):
+        if self.peek.kind != "end":
+            raise self.error(f"unexpected {_describe(self.peek)} after the end of the formula")
+
+    def integer(self, signed: bool = False, low: int = 0, high: int = MAX_DIM) -> int:
+        start = self.peek
+        negative = False
+        if signed and self.at_op("-"):
+            self.advance()
+            negative = True
+        tok = self.advance()
+        if tok.kind != "int":
+            raise self.error(f"expected an integer, found {_describe(tok)}", tok)
+        value = -int(tok.text) if negative else int(tok.text)
+        if not low <= value <= high:
+            raise self.error(f"integer {value} out of range [{low}, {high}]", start)
+        return value
+
+
+def _describe(tok: Token) -> str:
+    return "the end of the string" if tok.kind == "end" else repr(tok.text)
+
+
+def _var_spec(cur: _Cursor, kind: str, need_index: bool, position: int | None):
+    """After ``Vi`` / ``Vj`` / ``Pm`` / ``Var``: ``(index, dim, cat)`` from the parenthesized ints."""
+    open_tok = cur.expect_op("(")
+    nums = [cur.integer(high=max(MAX_INDEX, MAX_DIM))]
+    while cur.at_op(","):
+        cur.advance()
+        nums.append(cur.integer(high=max(MAX_INDEX, MAX_DIM)))
+    cur.expect_op(")")
+    if kind == "Var":
+        if len(nums) == 2 and not need_index:
+            nums = [None, *nums]
+        if len(nums) != 3:
+            raise cur.error("Var takes (index, dim, category)", open_tok)
+        index, dim, cat_code = nums
+        if cat_code not in _KEOPS_CATS:
+            raise cur.error(f"Var category must be 0 (i), 1 (j) or 2 (parameter), got {cat_code}",
+                            open_tok)
+        cat = _KEOPS_CATS[cat_code]
+    else:
+        cat = _CATS[kind]
+        if len(nums) == 2:
+            index, dim = nums
+        elif len(nums) == 1 and not need_index:
+            index, dim = None, nums[0]
+        else:
+            what = "(index, dim)" if need_index else "(dim) or (index, dim)"
+            raise cur.error(f"{kind} takes {what}", open_tok)
+    if index is None:
+        index = position
+    if index is not None and index > MAX_INDEX:
+        raise cur.error(f"variable index {index} is larger than {MAX_INDEX}", open_tok)
+    if not 1 <= dim <= MAX_DIM:
+        raise cur.error(f"variable dimension must be in [1, {MAX_DIM}], got {dim}", open_tok)
+    return index, dim, cat
+
+
+def parse_alias(text: str, position: int | None = None) -> VarDecl:
+    """``"x = Vi(3)"``, ``"y = Vj(1, 3)"``, ``"p = Pm(2)"`` or ``"x = Var(0, 3, 0)"`` to a VarDecl.
+
+    Without an explicit index the variable takes ``position`` (its place in the alias list).
+
+    >>> parse_alias("y = Vj(1, 3)")
+    VarDecl(name='y', index=1, cat='j', dim=3)
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"an alias must be a string like 'x = Vi(3)', got {type(text).__name__}")
+    cur = _Cursor(text)
+    name_tok = cur.advance()
+    if name_tok.kind != "name":
+        raise cur.error(f"expected an alias name, found {_describe(name_tok)}", name_tok)
+    _check_alias_name(cur, name_tok)
+    cur.expect_op("=")
+    kind_tok = cur.advance()
+    if kind_tok.kind != "name" or kind_tok.text not in ("Vi", "Vj", "Pm", "Var"):
+        raise cur.error(f"expected Vi, Vj, Pm or Var, found {_describe(kind_tok)}", kind_tok)
+    index, dim, cat = _var_spec(cur, kind_tok.text, False, position)
+    if index is None:
+        raise cur.error("this alias has no index (write Vi(index, dim))", kind_tok)
+    cur.expect_end()
+    return VarDecl(name_tok.text, index, cat, dim)
+
+
+def _check_alias_name(cur: _Cursor, tok: Token):
+    if tok.text in FUNCTIONS or tok.text in _USER_FUNCTIONS or tok.text in ("Var", "Vi", "Vj", "Pm"):
+        raise cur.error(f"alias name {tok.text!r} is the name of a function", tok)
+    if keyword.iskeyword(tok.text):
+        raise cur.error(f"alias name {tok.text!r} is a Python keyword", tok)
+
+
+class Scope:
+    """The variables of one reduction: aliases, then inline ``Var(...)`` met while parsing."""
+
+    def __init__(self, aliases: Sequence[str] = ()):
+        if isinstance(aliases, str):
+            aliases = [aliases]
+        self.by_name: dict[str, VarDecl] = {}
+        self.by_index: dict[int, VarDecl] = {}
+        for position, text in enumerate(aliases):
+            decl = parse_alias(text, position)
+            if decl.name in self.by_name:
+                raise ValueError(f"alias {decl.name!r} is defined twice: {aliases!r}")
+            if decl.index in self.by_index:
+                other = self.by_index[decl.index]
+                raise ValueError(
+                    f"aliases {other.describe()!r} and {decl.describe()!r} both have index "
+                    f"{decl.index} (an alias without an index takes its position in the list)"
+                )
+            self.by_name[decl.name] = decl
+            self.by_index[decl.index] = decl
+
+    def declare_inline(self, cur: _Cursor, tok: Token, index: int, dim: int, cat: str) -> VarDecl:
+        known = self.by_index.get(index)
+        if known is not None:
+            if (known.dim, known.cat) != (dim, cat):
+                raise cur.error(f"variable index {index} is already {known.describe()}", tok)
+            return known
+        decl = VarDecl(None, index, cat, dim)
+        self.by_index[index] = decl
+        return decl
+
+    def variables(self) -> list[VarDecl]:
+        """All variables in index order; indices must be exactly 0 .. n-1."""
+        indices = sorted(self.by_index)
+        missing = sorted(set(range(len(indices))) - set(indices))
+        if missing:
+            raise ValueError(
+                f"no variable has index {missing[0]} (indices used: {indices}); the variables "
+                "are the call's arguments in index order, so indices must be 0, 1, ..., n-1"
+            )
+        return [self.by_index[k] for k in indices]
+
+    def parse(self, source: str) -> ir.Node:
+        return _Parser(source, self).parse()
+
+
+def parse(formula: str, aliases: Sequence[str] = ()) -> tuple[ir.Node, list[VarDecl]]:
+    """Formula string and aliases to ``(IR node, variables in index order)``."""
+    scope = Scope(aliases)
+    node = scope.parse(formula)
+    return node, scope.variables()
+
+
+# ---------------------------------------------------------------------------- the parser
+
+
+class _Parser:
+    def __init__(self, source: str, scope: Scope):
+        self.cur = _Cursor(source)
+        self.scope = scope
+        self.depth = 0
+
+    def parse(self) -> ir.Node:
+        if self.cur.peek.kind == "end":
+            raise self.cur.error("empty formula")
+        node = self.formula()
+        self.cur.expect_end()
+        return node
+
+    def _enter(self):
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise self.cur.error(f"formula nested deeper than {MAX_DEPTH} levels")
+
+    def build(self, tok: Token, fn, *args) -> ir.Node:
+        """Run a node builder, reporting its errors (dimensions, ranges) at ``tok``."""
+        try:
+            return fn(*args)
+        except FormulaSyntaxError:
+            raise
+        except (ValueError, ZeroDivisionError, OverflowError) as e:
+            raise self.cur.error(str(e), tok) from None
+
+    def formula(self) -> ir.Node:
+        left = self.additive()
+        while self.cur.at_op("|"):
+            tok = self.cur.advance()
+            left = self.build(tok, _dot, left, self.additive())
+        return left
+
+    def additive(self) -> ir.Node:
+        left = self.term()
+        while self.cur.at_op("+") or self.cur.at_op("-"):
+            tok = self.cur.advance()
+            name = "add" if tok.text == "+" else "sub"
+            left = self.build(tok, ops.apply, name, left, self.term())
+        return left
+
+    def term(self) -> ir.Node:
+        left = self.unary()
+        while self.cur.at_op("*") or self.cur.at_op("/"):
+            tok = self.cur.advance()
+            name = "mul" if tok.text == "*" else "div"
+            left = self.build(tok, ops.apply, name, left, self.unary())
+        return left
+
+    def unary(self) -> ir.Node:
+        if self.cur.at_op("-") or self.cur.at_op("+"):
+            tok = self.cur.advance()
+            self._enter()
+            operand = self.unary()
+            self.depth -= 1
+            if tok.text == "+":
+                return operand
+            if operand.op == "const":  # a negative literal stays a literal
+                return ir.const([-v for v in operand.params])
+            return self.build(tok, ops.apply, "neg", operand)
+        return self.primary()
+
+    def primary(self) -> ir.Node:
+        cur = self.cur
+        tok = cur.advance()
+        if tok.kind == "int":
+            return self.build(tok, lambda: ir.const(float(int(tok.text))))
+        if tok.kind == "float":
+            return self.build(tok, lambda: ir.const(float(tok.text)))
+        if tok.kind == "op" and tok.text == "(":
+            self._enter()
+            node = self.formula()
+            cur.expect_op(")")
+            self.depth -= 1
+            return node
+        if tok.kind == "name":
+            if cur.at_op("("):
+                self._enter()
+                node = self.call(tok)
+                self.depth -= 1
+                return node
+            decl = self.scope.by_name.get(tok.text)
+            if decl is None:
+                raise cur.error(self._unknown(tok.text, "name"), tok)
+            return decl.node
+        raise cur.error(f"expected a number, a name or '(', found {_describe(tok)}", tok)
+
+    def _unknown(self, name: str, what: str) -> str:
+        if what == "name" and (name in FUNCTIONS or name in _USER_FUNCTIONS):
+            return f"{name} is a function: call it as {name}(...)"
+        if what == "function" and name in self.scope.by_name:
+            return f"{name!r} is a variable, not a function"
+        pool = list(self.scope.by_name) if what == "name" else [*FUNCTIONS, *_USER_FUNCTIONS]
+        close = difflib.get_close_matches(name, pool, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        known = f"; aliases: {', '.join(self.scope.by_name) or 'none'}" if what == "name" else ""
+        return f"unknown {what} {name!r}{hint}{known}"
+
+    def variable(self) -> ir.Node:
+        """A variable argument: an alias name or an inline Var/Vi/Vj/Pm(index, ...)."""
+        cur = self.cur
+        tok = cur.advance()
+        if tok.kind == "name" and tok.text in ("Var", "Vi", "Vj", "Pm") and cur.at_op("("):
+            index, dim, cat = _var_spec(cur, tok.text, True, None)
+            return self.scope.declare_inline(cur, tok, index, dim, cat).node
+        if tok.kind == "name" and not cur.at_op("("):
+            decl = self.scope.by_name.get(tok.text)
+            if decl is not None:
+                return decl.node
+            raise cur.error(self._unknown(tok.text, "name"), tok)
+        raise cur.error(f"expected a variable (an alias or Var(...)), found {_describe(tok)}", tok)
+
+    def call(self, name_tok: Token) -> ir.Node:
+        cur, name = self.cur, name_tok.text
+        if name in ("Var", "Vi", "Vj", "Pm"):
+            index, dim, cat = _var_spec(cur, name, True, None)
+            return self.scope.declare_inline(cur, name_tok, index, dim, cat).node
+        spec = FUNCTIONS.get(name) or _USER_FUNCTIONS.get(name)
+        if spec is None:
+            raise cur.error(self._unknown(name, "function"), name_tok)
+        kinds, builder = spec
+        cur.expect_op("(")
+        args = []
+        for k, kind in enumerate(kinds):
+            if k:
+                if cur.at_op(")"):
+                    raise cur.error(f"{name} takes {len(kinds)} arguments, got {k}")
+                cur.expect_op(",")
+            if kind == "f":
+                args.append(self.formula())
+            elif kind == "v":
+                args.append(self.variable())
+            elif kind == "n":
+                args.append(cur.integer())
+            else:  # "z": a signed integer
+                args.append(cur.integer(signed=True, low=-MAX_INT, high=MAX_INT))
+        if cur.at_op(","):
+            raise cur.error(f"{name} takes {len(kinds)} argument{'s' * (len(kinds) != 1)}")
+        cur.expect_op(")")
+        return self.build(name_tok, builder, *args)
+
+
+# ---------------------------------------------------------------------------- functions
+
+
+def _a(name, *args, params=()):
+    return ops.apply(name, *args, params=params)
+
+
+def _dot(a, b):
+    return _a("sum", _a("mul", a, b))
+
+
+def _sqnorm2(a):
+    return _a("sum", _a("mul", a, a))
+
+
+def _pow(f, n):
+    return _a("square", f) if n == 2 else _a("pow", f, params=(float(n),))
+
+
+def _int_inv(n):
+    if n == 0:
+        raise ValueError("IntInv(0): division by zero")
+    return ir.const(1.0 / n)
+
+
+def _mod(f, modulus, offset):
+    return _a("sub", f, _a("mul", modulus, _a("floor", _a("div", _a("sub", f, offset), modulus))))
+
+
+def _round(f, d):
+    if d == 0:
+        return _a("round", f)
+    if abs(d) > 300:
+        raise ValueError(f"Round: {d} decimals is out of range")
+    s = ir.const(float(10 ** d) if d > 0 else 10.0 ** d)
+    return _a("div", _a("round", _a("mul", f, s)), s)
+
+
+def _weighted_sqnorm(s, x):
+    """Σ s_k x_k² (s of dimension 1 or D) or xᵀ S x (s of dimension D², row-major)."""
+    D = x.dim
+    if s.dim in (1, D):
+        return _a("sum", _a("mul", _a("mul", s, x), x))
+    if s.dim == D * D:
+        return _a("sum", _a("mul", x, _a("matvec", s, x)))
+    raise ValueError(f"weight of dimension {s.dim} for vectors of dimension {D} (expected 1, {D} "
+                     f"or {D * D})")
+
+
+def _grad(f, v, g):
+    from . import diff
+
+    if g.dim != f.dim:
+        raise ValueError(f"Grad: the gradient input has dimension {g.dim}, the formula {f.dim}")
+    return diff.vjp(f, [v], g)[v]
+
+
+def _unary(op: str):
+    return ("f", lambda a: _a(op, a))
+
+
+FunctionSpec = tuple  # (argument kinds: "f" formula, "v" variable, "n" int >= 0, "z" int; builder)
+
+FUNCTIONS: dict[str, FunctionSpec] = {
+    **{keops: _unary(op) for keops, op in (
+        ("Exp", "exp"), ("Log", "log"), ("Sqrt", "sqrt"), ("Rsqrt", "rsqrt"), ("Sin", "sin"),
+        ("Cos", "cos"), ("Tan", "tan"), ("Asin", "asin"), ("Acos", "acos"), ("Atan", "atan"),
+        ("Sinh", "sinh"), ("Cosh", "cosh"), ("Tanh", "tanh"), ("Asinh", "asinh"),
+        ("Acosh", "acosh"), ("Atanh", "atanh"), ("Erf", "erf"), ("Erfc", "erfc"),
+        ("Log1p", "log1p"), ("Expm1", "expm1"), ("Sigmoid", "sigmoid"), ("Softplus", "softplus"),
+        ("LogSigmoid", "logsigmoid"), ("Abs", "abs"), ("Sign", "sign"), ("Step", "step"),
+        ("ReLU", "relu"), ("Floor", "floor"), ("Ceil", "ceil"),
+        ("Inv", "inv"), ("Square", "square"), ("XLogX", "xlogx"), ("SinXDivX", "sinxdivx"),
+        ("Minus", "neg"), ("Sum", "sum"), ("Max", "vmax"), ("Min", "vmin"),
+        ("ArgMax", "vargmax"), ("ArgMin", "vargmin"),
+    )},
+    "Add": ("ff", lambda a, b: _a("add", a, b)),
+    "Subtract": ("ff", lambda a, b: _a("sub", a, b)),
+    "Mult": ("ff", lambda a, b: _a("mul", a, b)),
+    "Divide": ("ff", lambda a, b: _a("div", a, b)),
+    "Atan2": ("ff", lambda a, b: _a("atan2", a, b)),
+    "IntCst": ("z", lambda n: ir.const(float(n))),
+    "IntInv": ("z", _int_inv),
+    "Zero": ("n", lambda d: ir.const([0.0] * d)),
+    "Pow": ("fz", _pow),
+    "Powf": ("ff", lambda f, g: _a("exp", _a("mul", _a("log", f), g))),
+    "Clamp": ("fff", lambda f, a, b: _a("clamp", f, a, b)),
+    "ClampInt": ("fzz", lambda f, a, b: _a("clamp", f, ir.const(float(a)), ir.const(float(b)))),
+    "IfElse": ("fff", lambda c, a, b: _a("ifelse", c, a, b)),
+    "Mod": ("fff", _mod),
+    "Round": ("fz", _round),
+    "SqNorm2": ("f", _sqnorm2),
+    "Norm2": ("f", lambda a: _a("sqrt", _sqnorm2(a))),
+    "Normalize": ("f", lambda a: _a("mul", a, _a("rsqrt", _sqnorm2(a)))),
+    "SqDist": ("ff", lambda a, b: _sqnorm2(_a("sub", a, b))),
+    "Scalprod": ("ff", _dot),
+    "WeightedSqNorm": ("ff", _weighted_sqnorm),
+    "WeightedSqDist": ("fff", lambda s, x, y: _weighted_sqnorm(s, _a("sub", x, y))),
+    "SumT": ("fn", lambda f, d: _a("expand", f, params=(d,))),
+    "Elem": ("fn", lambda f, k: _a("slice", f, params=(k, 1))),
+    "Extract": ("fnn", lambda f, start, n: _a("slice", f, params=(start, n))),
+    "Concat": ("ff", lambda a, b: _a("concat", a, b)),
+    "OneHot": ("fn", lambda f, d: _a("one_hot", f, params=(d,))),
+    "MatVecMult": ("ff", lambda A, x: _a("matvec", A, x)),
+    "VecMatMult": ("ff", lambda x, A: _a("vecmat", x, A)),
+    "TensorProd": ("ff", lambda a, b: _a("tensorprod", a, b)),
+    "Grad": ("fvf", _grad),
+}
+
+_USER_FUNCTIONS: dict[str, FunctionSpec] = {}
+
+
+def register_function(name: str, arity: int, builder: Callable) -> None:
+    """Make ``name(f1, ..., f_arity)`` usable in formula strings (user-defined ops).
+
+    >>> register_function("Twice", 1, lambda a: ops.apply("add", a, a))
+    >>> parse("Twice(x)", ["x = Vi(2)"])[0].op
+    'add'
+    """
+    if not (name.isidentifier() and name.isascii()) or keyword.iskeyword(name):
+        raise ValueError(f"{name!r} is not a valid function name (letters, digits, _)")
+    if name in FUNCTIONS or name in ("Var", "Vi", "Vj", "Pm"):
+        raise ValueError(f"{name!r} is a built-in formula function")
+    _USER_FUNCTIONS[name] = ("f" * int(arity), builder)

@@ -1,0 +1,223 @@
+"""``Genred``: pykeops-style generic reductions defined by formula strings.
+
+The strings are parsed once into IR by :mod:`codegen.parse`; the callable binds arrays to
+the variables (in index order, which is alias order for aliases written without an index)
+and runs :func:`lazytensor.engine.reduce`. ``axis=1`` reduces over j (the output is indexed
+by i), ``axis=0`` over i, as in pykeops.
+
+>>> import numpy as np
+>>> gauss = Genred("Exp(-SqDist(x, y)) * b", ["x = Vi(3)", "y = Vj(3)", "b = Vj(2)"],
+...                reduction_op="Sum", axis=1)
+>>> x, y, b = np.random.rand(100, 3), np.random.rand(80, 3), np.random.rand(80, 2)
+>>> gauss(x, y, b).shape
+(100, 2)
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from codegen import ops, parse
+
+from . import engine
+from .binding import Variable, is_torch
+
+# KeOps reduction name (lower case) -> (our reduction, needs K, takes formula2)
+_REDUCTIONS = {
+    "sum": ("sum", False, False),
+    "min": ("min", False, False),
+    "max": ("max", False, False),
+    "argmin": ("argmin", False, False),
+    "argmax": ("argmax", False, False),
+    "min_argmin": ("min_argmin", False, False),
+    "max_argmax": ("max_argmax", False, False),
+    "kmin": ("kmin", True, False),
+    "argkmin": ("argkmin", True, False),
+    "kmin_argkmin": ("kmin_argkmin", True, False),
+    "logsumexp": ("logsumexp", False, True),
+    "max_sumshiftexp": ("max_sumshiftexp", False, False),
+    "sumsoftmaxweight": ("sumsoftmaxweight", False, True),
+}
+_KEOPS_NAMES = ("Sum, Min, Max, ArgMin, ArgMax, Min_ArgMin, Max_ArgMax, KMin, ArgKMin, "
+                "KMin_ArgKMin, LogSumExp, Max_SumShiftExp, SumSoftMaxWeight")
+
+
+def reduction_options(reduction: str, dtype_acc="auto", use_double_acc=False,
+                      sum_scheme="auto") -> dict:
+    """Engine options from pykeops's accumulation arguments."""
+    opts = {}
+    if dtype_acc not in ("auto", "float32", "float64"):
+        raise ValueError(f"dtype_acc must be 'auto', 'float32' or 'float64', got {dtype_acc!r}")
+    if use_double_acc:
+        dtype_acc = "float64"
+    if dtype_acc != "auto":
+        opts["dtype_acc"] = dtype_acc
+    if sum_scheme not in ("auto", "direct_sum", "block_sum", "kahan_scheme"):
+        raise ValueError("sum_scheme must be 'auto', 'direct_sum', 'block_sum' or 'kahan_scheme', "
+                         f"got {sum_scheme!r}")
+    if sum_scheme != "auto" and reduction == "sum":
+        opts["sum_scheme"] = sum_scheme
+    return opts
+
+
+def _reduction(reduction_op: str, opt_arg, formula2):
+    if not isinstance(reduction_op, str):
+        raise TypeError(f"reduction_op must be a string, got {type(reduction_op).__name__}")
+    key = reduction_op.lower()
+    key = key.removesuffix("_reduction")
+    if key not in _REDUCTIONS:
+        raise ValueError(f"unknown reduction {reduction_op!r}; expected one of {_KEOPS_NAMES}")
+    name, needs_k, takes_formula2 = _REDUCTIONS[key]
+    opts = {}
+    if needs_k:
+        if isinstance(opt_arg, bool) or not isinstance(opt_arg, numbers.Integral) or opt_arg < 1:
+            raise ValueError(f"{reduction_op} needs opt_arg=K, a positive integer; got {opt_arg!r}")
+        opts["K"] = int(opt_arg)
+    if formula2 is not None and not takes_formula2:
+        raise ValueError(f"formula2 is only used by LogSumExp and SumSoftMaxWeight, not {reduction_op}")
+    if name == "sumsoftmaxweight" and formula2 is None:
+        raise ValueError("SumSoftMaxWeight needs formula2 (the weights)")
+    if name == "logsumexp" and formula2 is not None:
+        name = "logsumexp_weight"
+    return name, opts
+
+
+class Genred:
+    """A reduction ``reduction_op`` of ``formula`` over i (``axis=0``) or j (``axis=1``).
+
+    ``aliases`` name the variables (``"x = Vi(3)"``, ``"y = Vj(1, 3)"``, ``"p = Pm(2)"``);
+    the callable takes one array per variable in index order: ``(N, D)`` for ``Vi``,
+    ``(M, D)`` for ``Vj``, ``(D,)`` for ``Pm``, with optional leading batch dimensions
+    (``(B, N, D)``, ``(B, D)``). ``opt_arg`` is K for the K-min reductions; ``formula2``
+    the weights of ``LogSumExp`` and ``SumSoftMaxWeight``. ``dtype``, ``enable_chunks`` and
+    ``rec_multVar_highdim`` are accepted for compatibility and have no effect.
+
+    >>> import numpy as np
+    >>> nn = Genred("SqDist(x, y)", ["x = Vi(2)", "y = Vj(2)"], "ArgKMin", axis=1, opt_arg=3)
+    >>> nn(np.random.rand(10, 2), np.random.rand(20, 2)).shape
+    (10, 3)
+    """
+
+    def __init__(self, formula, aliases, reduction_op="Sum", axis=0, dtype=None, opt_arg=None,
+                 formula2=None, dtype_acc="auto", use_double_acc=False, sum_scheme="auto",
+                 enable_chunks=True, rec_multVar_highdim=None):
+        if isinstance(axis, bool) or axis not in (0, 1):
+            raise ValueError(f"axis must be 0 (reduction over i) or 1 (over j), got {axis!r}")
+        self.reduction, self.opts = _reduction(reduction_op, opt_arg, formula2)
+        scope = parse.Scope(aliases)
+        node = scope.parse(formula)
+        if formula2 is not None:
+            weight = scope.parse(formula2)
+            if node.dim != 1:
+                raise ValueError(f"{reduction_op}: the formula must be scalar, got dimension {node.dim}")
+            node = ops.apply("concat", node, weight)
+        self.variables = scope.variables()
+        self.formula = node
+        self.axis = axis
+        self.reduction_op = reduction_op
+        self.opts.update(reduction_options(self.reduction, dtype_acc, use_double_acc, sum_scheme))
+
+    def __repr__(self) -> str:
+        args = ", ".join(v.describe() for v in self.variables)
+        return f"Genred({self.reduction_op}, axis={self.axis}, [{args}])"
+
+    def __call__(self, *args, backend="auto", device_id=-1, ranges=None, out=None):
+        """Run the reduction on one array per variable (index order)."""
+        if ranges is not None:
+            raise NotImplementedError("block-sparse ranges are not supported")
+        variables = bind_arguments(self.variables, args)
+        result = engine.reduce(self.formula, variables, self.reduction, self.axis, self.opts,
+                               str(backend).lower())
+        if out is not None:
+            if is_torch(out):
+                out.copy_(result)
+            else:
+                np.copyto(out, result)
+            return out
+        return result
+
+
+def bind_arguments(decls, args) -> list:
+    """Canonical :class:`Variable` objects for the call's arrays, checked against the aliases."""
+    if len(args) != len(decls):
+        names = ", ".join(d.describe() for d in decls)
+        raise TypeError(f"expected {len(decls)} arrays ({names}), got {len(args)}")
+    return [_bind_one(d, a, k) for k, (d, a) in enumerate(zip(decls, args))]
+
+
+def _bind_one(decl, x, k):
+    what = f"argument {k} ({decl.describe()})"
+    if isinstance(x, numbers.Number) and not isinstance(x, bool):
+        if decl.cat != "p" or decl.dim != 1:
+            raise TypeError(f"{what}: got a number, expected an array")
+        return Variable(float(x), "p", 1, decl.name or "")
+    if isinstance(x, (list, tuple)):
+        x = np.asarray(x, dtype=np.float64)
+    if not (is_torch(x) or isinstance(x, np.ndarray)):
+        raise TypeError(f"{what}: expected a NumPy array or a torch tensor, got {type(x).__name__}")
+    if decl.cat == "p":
+        if x.ndim == 0:
+            x = x.reshape(1)
+        expected = f"({decl.dim},) or (*batch, {decl.dim})"
+    else:
+        if x.ndim == 1 and decl.dim == 1:
+            x = x.reshape(-1, 1)
+        expected = f"({'N' if decl.cat == 'i' else 'M'}, {decl.dim}) or (*batch, rows, {decl.dim})"
+        if x.ndim < 2:
+            raise ValueError(f"{what}: got shape {tuple(x.shape)}, expected {expected}")
+    if x.shape[-1] != decl.dim:
+        raise ValueError(f"{what}: got shape {tuple(x.shape)}, expected {expected}")
+    return Variable(x, decl.cat, decl.dim, decl.name or "")
+
+
+# ------------------------------------------------------------------ pykeops generic_* helpers
+
+
+def _output_axis(output: str):
+    decl = parse.parse_alias(output, 0)
+    if decl.cat == "p":
+        raise ValueError(f"output {output!r}: the output is indexed by i (Vi) or j (Vj), not Pm")
+    return (1 if decl.cat == "i" else 0), decl.dim
+
+
+def generic_sum(formula, output, *aliases, **kwargs) -> Genred:
+    """``Genred(formula, aliases, "Sum")``; ``output = "a = Vi(D)"`` reduces over j, ``Vj`` over i.
+
+    >>> import numpy as np
+    >>> f = generic_sum("x * y", "a = Vi(1)", "x = Vi(1)", "y = Vj(1)")
+    >>> f(np.ones((3, 1)), np.ones((5, 1)))[:, 0].tolist()
+    [5.0, 5.0, 5.0]
+    """
+    axis, dim = _output_axis(output)
+    red = Genred(formula, list(aliases), reduction_op="Sum", axis=axis, **kwargs)
+    _check_output_dim(output, dim, red.formula.dim)
+    return red
+
+
+def generic_logsumexp(formula, output, *aliases, **kwargs) -> Genred:
+    """``Genred(formula, aliases, "LogSumExp")`` with the axis given by ``output``."""
+    axis, dim = _output_axis(output)
+    red = Genred(formula, list(aliases), reduction_op="LogSumExp", axis=axis, **kwargs)
+    _check_output_dim(output, dim, 1)
+    return red
+
+
+def generic_argmin(formula, output, *aliases, **kwargs) -> Genred:
+    """``Genred(formula, aliases, "ArgMin")`` with the axis given by ``output``."""
+    axis, dim = _output_axis(output)
+    red = Genred(formula, list(aliases), reduction_op="ArgMin", axis=axis, **kwargs)
+    _check_output_dim(output, dim, red.formula.dim)
+    return red
+
+
+def generic_argkmin(formula, output, *aliases, **kwargs) -> Genred:
+    """``Genred(formula, aliases, "ArgKMin", opt_arg=K)``: ``output = "a = Vi(K)"`` gives K."""
+    axis, K = _output_axis(output)
+    return Genred(formula, list(aliases), reduction_op="ArgKMin", axis=axis, opt_arg=K, **kwargs)
+
+
+def _check_output_dim(output, declared, actual):
+    if declared != actual:
+        raise ValueError(f"output {output!r} declares dimension {declared}, the reduction gives {actual}")

@@ -1,0 +1,16 @@
+"""pykeops.numpy-style entry points: ``from lazytensor.numpy import LazyTensor, Genred``.
+
+The same objects as the top-level package (every function takes NumPy arrays and torch
+tensors alike); this module exists so that code written for ``pykeops.numpy`` ports by
+changing the import.
+
+>>> from lazytensor.numpy import LazyTensor, Vi, Vj, Genred, KernelSolve
+"""
+
+from .custom import elementwise
+from .genred import Genred, generic_argkmin, generic_argmin, generic_logsumexp, generic_sum
+from .lazy import LazyTensor, Pm, Vi, Vj
+from .solve import KernelSolve
+
+__all__ = ["Genred", "KernelSolve", "LazyTensor", "Pm", "Vi", "Vj", "elementwise",
+           "generic_argkmin", "generic_argmin", "generic_logsumexp", "generic_sum"]
