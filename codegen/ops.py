@@ -14,6 +14,7 @@ vector ops (sums over the vector dimension, slices, products) are defined in
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -98,13 +99,19 @@ def broadcast_dim(name: str):
 
 
 _loaded = False
+_load_lock = threading.RLock()
 
 
 def _ensure_loaded():
+    """Import the op modules once; other threads wait until registration has finished."""
     global _loaded
-    if not _loaded:
-        _loaded = True
-        from . import elementwise, vector_ops  # noqa: F401  (registers the ops)
+    if _loaded:
+        return
+    with _load_lock:
+        if not _loaded:
+            from . import elementwise, vector_ops  # noqa: F401  (registers the ops)
+
+            _loaded = True
 
 
 def c_literal(value: float, dtype: str) -> str:
