@@ -127,6 +127,21 @@ def nvcc_path() -> str | None:
     return None
 
 
+CUDA_FLAGS = ("-O3", "-std=c++14", "--use_fast_math")
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_identity(arch: str) -> dict:
+    """What a cubin depends on besides its source: nvcc (path, stamp, version), flags, arch."""
+    nvcc = nvcc_path()
+    if nvcc is None:
+        raise CompilerNotFound("nvcc not found (set $NVCC or put the CUDA toolkit on PATH)")
+    proc = subprocess.run([nvcc, "--version"], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, check=False)
+    return {"compiler": _file_stamp(nvcc), "version": proc.stdout.strip().splitlines()[-1:],
+            "flags": " ".join(CUDA_FLAGS), "arch": arch}
+
+
 def compile_cuda(source: str, workdir: Path, arch: str = "sm_90", name: str = "kernel",
                  what: str = "", extra: tuple = ()) -> Path:
     """Compile CUDA C++ to a cubin for ``arch`` with nvcc (no GPU needed)."""
@@ -136,8 +151,7 @@ def compile_cuda(source: str, workdir: Path, arch: str = "sm_90", name: str = "k
     src = workdir / f"{name}.cu"
     out = workdir / f"{name}.cubin"
     src.write_text(source)
-    cmd = [nvcc, "-cubin", f"-arch={arch}", "-O3", "-std=c++14", "--use_fast_math",
-           *extra, str(src), "-o", str(out)]
+    cmd = [nvcc, "-cubin", f"-arch={arch}", *CUDA_FLAGS, *extra, str(src), "-o", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if proc.returncode != 0 or not out.exists():
         raise CompileError(cmd, proc.stderr or proc.stdout, what)

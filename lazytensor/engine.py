@@ -9,6 +9,7 @@ roles of i and j exchanged. Torch inputs that require grad go through
 from __future__ import annotations
 
 import warnings
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,7 +20,7 @@ from codegen.render_c import VarSpec
 from . import reference, runtime
 from .binding import Signature, Variable, bind, is_torch
 
-BACKENDS = ("auto", "cpu", "numpy")
+BACKENDS = ("auto", "cpu", "cuda", "numpy")
 _SWAP = {"i": "j", "j": "i", "p": "p"}
 
 
@@ -68,10 +69,11 @@ def _resolve_backend(backend: str, device: str) -> str:
     if device != "cpu":
         if backend == "cpu":
             raise ValueError(f"backend='cpu' got tensors on {device}; move them with .cpu()")
-        raise NotImplementedError(
-            f"tensors on {device}: the CUDA runtime is not available in this build; "
-            "move the inputs to the CPU with .cpu()"
-        )
+        if not device.startswith("cuda"):
+            raise NotImplementedError(f"tensors on {device}: only CPU and CUDA are supported")
+        return "numpy" if backend == "numpy" else "cuda"
+    if backend == "cuda":
+        raise ValueError("backend='cuda' needs torch CUDA tensors; move them with .cuda()")
     if backend == "auto":
         from codegen.compilers import cpu_compiler
 
@@ -118,23 +120,79 @@ def execute(call: ReductionCall, arrays: list) -> list:
                 r = torch.from_numpy(r).to(call.device)
             outs.append(r)
         return outs
+    if call.backend == "cpu":
+        return _execute_cpu(call, arrays)
     spec = runtime.KernelSpec(
         call.formula,
         tuple(VarSpec(k, d, c) for k, (d, c) in enumerate(zip(call.dims, call.cats))),
         call.reduction, call.opts, call.dtype,
     )
-    kernel = runtime.get_cpu_kernel(spec)
+    if call.backend == "cuda":
+        from . import cuda_runtime  # loads the driver, only for CUDA tensors
+
+        kernel = cuda_runtime.get_cuda_kernel(spec, call.device)
+    else:
+        kernel = runtime.get_cpu_kernel(spec)
     contiguous = [_contiguous(a) for a in arrays]
     outs = _alloc(call, arrays[0] if arrays else None)
     if call.N > 0 and all(s > 0 for s in call.batch):
-        runtime.launch_cpu(kernel, contiguous, list(call.cats), call.batch, call.N, call.M,
-                           outs, _ptr)
+        if call.backend == "cuda":
+            cuda_runtime.launch_cuda(kernel, contiguous, list(call.cats), call.batch, call.N,
+                                     call.M, outs)
+        else:
+            runtime.launch_cpu(kernel, contiguous, list(call.cats), call.batch, call.N,
+                               call.M, outs, _ptr)
     return outs
+
+
+# call -> (shapes, CpuLaunch, output specs): a call that comes back (the reduce cache
+# hands out the same call object) neither rebuilds its kernel spec nor its arguments.
+_cpu_calls: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _execute_cpu(call: ReductionCall, arrays: list) -> list:
+    arrays = [_contiguous(a) for a in arrays]
+    shapes = tuple(a.shape for a in arrays)
+    hit = _cpu_calls.get(call)
+    if hit is None or hit[0] != shapes:
+        spec = runtime.KernelSpec(
+            call.formula,
+            tuple(VarSpec(k, d, c) for k, (d, c) in enumerate(zip(call.dims, call.cats))),
+            call.reduction, call.opts, call.dtype,
+        )
+        kernel = runtime.get_cpu_kernel(spec)
+        launch = runtime.cpu_launch(kernel, tuple(tuple(s) for s in shapes), call.cats,
+                                    call.batch, call.N, call.M)
+        hit = _cpu_calls[call] = (shapes, launch, _out_specs(call))
+    _, launch, specs = hit
+    if call.library == "torch":
+        import torch
+
+        outs = [torch.empty(shape, dtype=dt) for shape, dt in specs]
+    else:
+        outs = [np.empty(shape, dtype=dt) for shape, dt in specs]
+    if call.N > 0 and all(s > 0 for s in call.batch):
+        launch(arrays, outs, _ptr)
+    return outs
+
+
+def _out_specs(call: ReductionCall) -> list:
+    """(shape, dtype) of each output, in the call's library."""
+    specs = []
+    for o in call.outputs():
+        shape = (*call.batch, call.N, o.dim)
+        if call.library == "torch":
+            import torch
+
+            specs.append((shape, getattr(torch, call.dtype) if o.kind == "value" else torch.int64))
+        else:
+            specs.append((shape, np.dtype(call.dtype if o.kind == "value" else np.int64)))
+    return specs
 
 
 def _contiguous(a):
     if is_torch(a):
-        return a.detach().contiguous()
+        return a if a.is_contiguous() else a.detach().contiguous()
     return np.ascontiguousarray(a)
 
 
@@ -154,7 +212,48 @@ def reduce(formula: ir.Node, variables: list, reduction: str, axis: int, opts: d
     ``grad_mode`` ("auto", "symbolic", "dual"; default: the process-wide default) chooses
     how torch gradients are computed (see :mod:`lazytensor.mixed`).
     """
+    key = _call_key(formula, variables, reduction, axis, opts, backend)
+    hit = _prepared.get(key) if key is not None else None
+    if hit is None:
+        hit = _prepare(formula, variables, reduction, axis, opts, backend)
+        if key is not None:
+            if len(_prepared) > 4096:
+                _prepared.clear()
+            _prepared[key] = hit
+    call, red, opts = hit
+    arrays = [_scalar_array(v.data, call) if v.is_scalar else v.data for v in variables]
+    if call.library == "torch" and _needs_grad(arrays):
+        from .autograd import apply_with_grad
+
+        outs = apply_with_grad(call, arrays, grad_mode)
+    else:
+        outs = execute(call, arrays)
+    outs = [_shape_output(o, red, call.formula.dim, opts) for o in outs[: _n_user_outputs(red)]]
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+# A repeated reduction (same formula, options, and variables of the same kinds, dtypes,
+# devices and shapes) skips binding and checking: they passed for this key before.
+_prepared: dict = {}
+
+
+def _call_key(formula, variables, reduction, axis, opts, backend):
+    try:
+        vk = tuple((v.cat, v.dim) if v.is_scalar else
+                   (v.cat, v.dim, type(v.data), v.data.dtype, v.data.shape,
+                    getattr(v.data, "device", None)) for v in variables)
+        key = (formula, reduction, axis, tuple(opts.items()) if opts else (), backend, vk)
+        hash(key)
+        return key
+    except (TypeError, AttributeError):
+        return None
+
+
+def _prepare(formula, variables, reduction, axis, opts, backend):
+    """(call, reduction, opts): bind and check the variables, build the call."""
     red = reductions.get(reduction)
+    # K=np.int64(5) must hash (JSON) and compile like K=5.
+    opts = {k: int(v) if isinstance(v, np.integer) else v for k, v in opts.items()}
     if axis not in (0, 1):
         raise ValueError(f"reduction axis must be 0 (over i) or 1 (over j), got {axis!r}")
     sig = bind(variables)
@@ -167,18 +266,24 @@ def reduce(formula: ir.Node, variables: list, reduction: str, axis: int, opts: d
         N, M = M, N
     red.check(formula.dim, opts, M)
     backend = _resolve_backend(backend, sig.device)
-    arrays = [scalar_array(v.data, sig) if v.is_scalar else v.data for v in variables]
     call = ReductionCall(formula, tuple(cats), tuple(dims), red.name,
                          tuple(sorted(opts.items())), backend, sig.library, sig.dtype,
                          sig.device, sig.batch, N, M)
-    if sig.library == "torch" and _needs_grad(arrays):
-        from .autograd import apply_with_grad
+    return call, red, opts
 
-        outs = apply_with_grad(call, arrays, grad_mode)
-    else:
-        outs = execute(call, arrays)
-    outs = [_shape_output(o, red, formula.dim, opts) for o in outs[: _n_user_outputs(red)]]
-    return outs[0] if len(outs) == 1 else tuple(outs)
+
+_scalars: dict = {}
+
+
+def _scalar_array(value: float, call: ReductionCall):
+    """A Python number as a 1-element array of the call's library, dtype and device."""
+    key = (float(value), call.library, call.dtype, call.device)
+    a = _scalars.get(key)
+    if a is None:
+        if len(_scalars) > 1024:
+            _scalars.clear()
+        a = _scalars[key] = scalar_array(value, call)
+    return a
 
 
 def _needs_grad(arrays) -> bool:
