@@ -210,19 +210,29 @@ def iter_ops(root: Node) -> Iterator[str]:
         yield n.op
 
 
-def to_text(root: Node) -> str:
-    """A readable, KeOps-like rendering (for messages and debugging only; never parsed)."""
+def to_text(root: Node, limit: int = 4000) -> str:
+    """A readable, KeOps-like rendering (for messages and debugging only; never parsed).
+
+    Shared subterms print once per use, so a DAG's text can be exponentially long: every
+    partial text is cut at ``limit`` characters (ending in "..."), and the walk is
+    iterative, so deep or heavily shared formulas print in O(nodes * limit).
+
+    >>> x = var(0, 1, "i")
+    >>> to_text(make("mul", (x, x), (), 1))
+    'mul(Vi(0,1), Vi(0,1))'
+    """
     names = {"i": "Vi", "j": "Vj", "p": "Pm"}
-
-    def fmt(node: Node) -> str:
+    text: dict[int, str] = {}
+    for node in topo_order(root):
         if node.op == "var":
-            return f"{names[node.cat]}({node.index},{node.dim})"
-        if node.op == "const":
+            out = f"{names[node.cat]}({node.index},{node.dim})"
+        elif node.op == "const":
             vals = ",".join(f"{v:g}" for v in node.params)
-            return vals if node.dim == 1 else f"[{vals}]"
-        inner = ", ".join(fmt(a) for a in node.args)
-        if node.params:
-            inner += (", " if inner else "") + ", ".join(map(repr, node.params))
-        return f"{node.op}({inner})"
-
-    return fmt(root)
+            out = vals if node.dim == 1 else f"[{vals}]"
+        else:
+            inner = ", ".join(text[id(a)] for a in node.args)
+            if node.params:
+                inner += (", " if inner else "") + ", ".join(map(repr, node.params))
+            out = f"{node.op}({inner})"
+        text[id(node)] = out if len(out) <= limit else out[: max(0, limit - 3)] + "..."
+    return text[id(root)]

@@ -155,9 +155,18 @@ struct Acc {{
   LT_HD LT_INLINE void init() {{ for (int k = 0; k < {F}; ++k) {{ v[k] = {init_v}; i[k] = -1; }} }}
   LT_HD LT_INLINE void push(const T* f, int64_t j) {{
     for (int k = 0; k < {F}; ++k) if (lt_better(f[k], j, v[k], i[k], {wm})) {{ v[k] = f[k]; i[k] = j; }} }}
+  // A vectorized pass finds the tile's best value (and any NaN); only a tile that holds
+  // a NaN, or a better value, is looked at term by term.
   LT_INLINE void tile(const T* fb, int nj, int64_t j0) {{
-    for (int k = 0; k < {F}; ++k) for (int jj = 0; jj < nj; ++jj)
-      if (lt_better(fb[k * TJ + jj], j0 + jj, v[k], i[k], {wm})) {{ v[k] = fb[k * TJ + jj]; i[k] = j0 + jj; }} }}
+    for (int k = 0; k < {F}; ++k) {{
+      const T* f = fb + k * TJ;
+      T m = {init_v}; int nan = 0;
+      _Pragma("omp simd reduction({"min" if self.want_min else "max"}:m) reduction(|:nan)")
+      for (int jj = 0; jj < nj; ++jj) {{ const T x = f[jj]; nan |= (x != x); m = x {"<" if self.want_min else ">"} m ? x : m; }}
+      if (!nan && i[k] >= 0 && !(m {"<" if self.want_min else ">"}= v[k])) continue;
+      for (int jj = 0; jj < nj; ++jj)
+        if (lt_better(f[jj], j0 + jj, v[k], i[k], {wm})) {{ v[k] = f[jj]; i[k] = j0 + jj; }}
+    }} }}
   LT_HD LT_INLINE void merge(const Acc& o) {{
     for (int k = 0; k < {F}; ++k) if (lt_better(o.v[k], o.i[k], v[k], i[k], {wm})) {{ v[k] = o.v[k]; i[k] = o.i[k]; }} }}
   LT_HD LT_INLINE void write(void* const* outs, int64_t row) const {{ {" ".join(writes)} }}
@@ -239,8 +248,24 @@ struct Acc {{
     vc[p] = x; ic[p] = j;
   }}
   LT_HD LT_INLINE void push(const T* f, int64_t j) {{ for (int c = 0; c < {F}; ++c) insert(c, f[c], j); }}
+  // Once the K slots are full (and the worst is not NaN), a block of terms is skipped
+  // when a vectorized pass finds none strictly better than the worst kept: the terms of
+  // a tile come after every kept index, so an equal value never enters.
   LT_INLINE void tile(const T* fb, int nj, int64_t j0) {{
-    for (int c = 0; c < {F}; ++c) for (int jj = 0; jj < nj; ++jj) insert(c, fb[c * TJ + jj], j0 + jj); }}
+    for (int c = 0; c < {F}; ++c) {{
+      const T* f = fb + c * TJ;
+      int jj = 0;
+      while (jj < nj) {{
+        const T thr = v[c * {K} + {K - 1}];
+        if (i[c * {K} + {K - 1}] < 0 || thr != thr) {{ insert(c, f[jj], j0 + jj); ++jj; continue; }}
+        const int e = jj + 64 < nj ? jj + 64 : nj;
+        int any = 0;
+        _Pragma("omp simd reduction(|:any)")
+        for (int q = jj; q < e; ++q) any |= f[q] {"<" if self.want_min else ">"} thr;
+        if (any) for (int q = jj; q < e; ++q) insert(c, f[q], j0 + q);
+        jj = e;
+      }}
+    }} }}
   LT_HD LT_INLINE void merge(const Acc& o) {{
     for (int c = 0; c < {F}; ++c) for (int q = 0; q < {K}; ++q) if (o.i[c * {K} + q] >= 0) insert(c, o.v[c * {K} + q], o.i[c * {K} + q]); }}
   LT_HD LT_INLINE void write(void* const* outs, int64_t row) const {{ {" ".join(writes)} }}
@@ -273,9 +298,12 @@ _kselect("kmin_argkmin", True, True, aliases=("kminargkmin",))
 # ------------------------------------------------------------- log-sum-exp and softmax
 
 # Online log-sum-exp: (m, s) represents exp(m) * s. Tiles take their max first so the
-# sum of exponentials vectorizes; NaN propagates through s.
+# sum of exponentials vectorizes; NaN propagates through s. Infinite terms follow the
+# limits (and the reference): with m = +inf each +inf term counts exp(0) = 1 and the finite
+# ones 0; -inf terms count 0, so a row of -inf only keeps s = 0 (as an empty row).
 _LSE_HELPERS = """
 LT_HD LT_INLINE void lt_lse_add(TA& m, TA* s, const TA* t, int n, TA tm) {
+  if (tm != tm) { m = tm; for (int c = 0; c < n; ++c) s[c] = tm; return; }  // NaN max, as numpy
   if (tm > m) { const TA sc = exp(m - tm); for (int c = 0; c < n; ++c) s[c] = s[c] * sc + t[c]; m = tm; }
   else if (tm == m) { for (int c = 0; c < n; ++c) s[c] += t[c]; }
   else { const TA sc = exp(tm - m); for (int c = 0; c < n; ++c) s[c] += t[c] * sc; }
@@ -304,16 +332,24 @@ struct Acc {{
   TA m; TA s[{nsum}];
   LT_HD LT_INLINE void init() {{ m = -(TA)INFINITY; for (int c = 0; c < {nsum}; ++c) s[c] = 0; }}
   LT_HD LT_INLINE void push(const T* f, int64_t j) {{
+    if (f[0] == -(T)INFINITY) return;
     TA t[{nsum}]; for (int c = 0; c < {nsum}; ++c) t[c] = {weights.format(f="f", jj="0", stride="1")};
     lt_lse_add(m, s, t, {nsum}, (TA)f[0]); }}
   LT_INLINE void tile(const T* fb, int nj, int64_t j0) {{
-    T tm = -(T)INFINITY; bool nan = false;
+    T tm = -(T)INFINITY; int nan = 0;
+    _Pragma("omp simd reduction(max:tm) reduction(|:nan)")
     for (int jj = 0; jj < nj; ++jj) {{ const T x = fb[jj]; nan |= (x != x); tm = x > tm ? x : tm; }}
     if (nan) tm = (T)NAN;
     if (tm == -(T)INFINITY) return;
     TA t[{nsum}];
+    if (tm == (T)INFINITY) {{  // exp(inf - inf) would be NaN: count the +inf terms
+      for (int c = 0; c < {nsum}; ++c) {{ T a = 0;
+        for (int jj = 0; jj < nj; ++jj) if (fb[jj] == tm) a += {weights.format(f="fb", jj="jj", stride="TJ")};
+        t[c] = a; }}
+      lt_lse_add(m, s, t, {nsum}, (TA)tm); return;
+    }}
     for (int c = 0; c < {nsum}; ++c) {{ T a = 0;
-      _Pragma("omp simd reduction(+:a)") for (int jj = 0; jj < nj; ++jj) a += exp(fb[jj] - tm) * {weights.format(f="fb", jj="jj", stride="TJ")};
+      _Pragma("omp simd reduction(+:a)") for (int jj = 0; jj < nj; ++jj) a += lt_exp(fb[jj] - tm) * {weights.format(f="fb", jj="jj", stride="TJ")};
       t[c] = a; }}
     lt_lse_add(m, s, t, {nsum}, (TA)tm); }}
   LT_HD LT_INLINE void merge(const Acc& o) {{ if (o.m != -(TA)INFINITY || o.m != o.m) lt_lse_add(m, s, o.s, {nsum}, o.m); }}
@@ -339,7 +375,10 @@ class LogSumExp(_LSEBase):
         return self._acc(1, "(T)1", _write(0, "value", 1, "(T)(m + log(s[0]))"))
 
     def ref(self, values, opts, j0=0):
-        return [_ref_lse(values[..., 0])[..., None]]
+        f = values[..., :1]
+        m = _ref_max(f)
+        with np.errstate(all="ignore"):
+            return [m + np.log(_ref_shifted_exp(f, m).sum(axis=-2))]
 
 
 @register
@@ -359,7 +398,7 @@ class LogSumExpWeight(_LSEBase):
         f, w = values[..., :1], values[..., 1:]
         m = _ref_max(f)
         with np.errstate(all="ignore"):
-            return [m + np.log((np.exp(f - m[..., None, :]) * w).sum(axis=-2))]
+            return [m + np.log((_ref_shifted_exp(f, m) * w).sum(axis=-2))]
 
 
 @register
@@ -383,7 +422,7 @@ class SumSoftMaxWeight(_LSEBase):
         f, w = values[..., :1], values[..., 1:]
         m = _ref_max(f)
         with np.errstate(all="ignore"):
-            e = np.exp(f - m[..., None, :])
+            e = _ref_shifted_exp(f, m)
             s0 = e.sum(axis=-2)
             return [(e * w).sum(axis=-2) / s0, m + np.log(s0)]
 
@@ -404,8 +443,7 @@ class MaxSumShiftExp(_LSEBase):
     def ref(self, values, opts, j0=0):
         f = values[..., 0:1]
         m = _ref_max(f)
-        with np.errstate(all="ignore"):
-            s = np.exp(f - m[..., None, :]).sum(axis=-2)
+        s = _ref_shifted_exp(f, m).sum(axis=-2)
         return [np.concatenate([m, s], axis=-1)]
 
 
@@ -418,13 +456,13 @@ def _ref_max(f):
     return np.where(np.isinf(m) & (m < 0), -np.inf, m)
 
 
-def _ref_lse(f):
-    """log Σ exp(f) over axis -1, stable, -inf for empty or all -inf."""
-    if f.shape[-1] == 0:
-        return np.full(f.shape[:-1], -np.inf)
+def _ref_shifted_exp(f, m):
+    """``exp(f - m)`` for ``m = max f`` (over axis -2), with the limits the kernels use:
+    where ``m = +inf`` each +inf term counts 1 and the others 0 (so ``logsumexp`` is +inf,
+    as ``scipy.special.logsumexp``, and softmax averages the weights of the +inf terms);
+    where ``m = -inf`` (all terms -inf, or none) every term counts 0. NaN propagates."""
+    mb = m[..., None, :]
     with np.errstate(all="ignore"):
-        m = f.max(axis=-1, keepdims=True)
-        safe = np.where(np.isfinite(m), m, 0.0)
-        s = np.exp(f - safe).sum(axis=-1, keepdims=True)
-        out = (safe + np.log(s))[..., 0]
-        return np.where(np.isposinf(m[..., 0]) & ~np.isnan(out), np.inf, out)
+        e = np.exp(f - mb)
+    e = np.where(np.isposinf(mb), (f == mb).astype(e.dtype), e)
+    return np.where(np.isneginf(mb), 0.0, e)

@@ -228,10 +228,11 @@ class LazyTensor:
     def __ror__(self, o):
         return LazyTensor(o) | self
 
-    def __matmul__(self, v):
+    def __matmul__(self, v, **kwargs):
         """``K @ v``: ``Σ_j K_ij v_j`` for a scalar formula K and an (M, E) array v.
 
-        A 1D ``v`` of shape (M,) gives a result of shape (N,), as in pykeops.
+        A 1D ``v`` of shape (M,) gives a result of shape (N,), as in pykeops; options of
+        :meth:`sum` pass through ``K.__matmul__(v, sum_scheme=..., backend=...)``.
 
         >>> x, y = np.random.rand(5, 3), np.random.rand(4, 3)
         >>> K = (-Vi(x).sqdist(Vj(y))).exp()
@@ -245,9 +246,10 @@ class LazyTensor:
         v = _as_array(v)
         if v.ndim == 0:
             raise ValueError("K @ v needs v of shape (M,) or (M, E) (or (*batch, M, E)), got a 0D array")
-        vj = LazyTensor(v[..., None, :, :] if v.ndim >= 2 else v[None, :, None])
+        # (M, E) and (M,) are j-variables as they are (no views to make and undo)
+        vj = LazyTensor(v, axis=1) if v.ndim <= 2 else LazyTensor(v[..., None, :, :])
         prod = self * vj  # a batched v adds batch dimensions: reduce over j of the product
-        out = prod.sum(dim=prod.nbatchdims + 1)
+        out = prod.sum(dim=prod.nbatchdims + 1, **kwargs)
         return out[..., 0] if v.ndim == 1 else out  # as pykeops: a vector v gives a vector
 
     def __getitem__(self, key):
