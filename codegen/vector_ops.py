@@ -304,3 +304,65 @@ register(OpDef(
     doc="outer product a(n) b(m) as an n*m row-major vector",
 ))
 
+
+
+# ---------------------------------------------------------------- static index maps
+
+
+def _gather_dim(dims, params):
+    idx = params[0]
+    if not idx or min(idx) < 0 or max(idx) >= dims[0]:
+        raise ValueError(f"gather: indices {list(idx)[:8]}... out of range for dimension {dims[0]}")
+    return len(idx)
+
+
+def _gather_ref(xp, t, p):
+    a = t[0]
+    return xp.concat([a[..., k: k + 1] for k in p[0]])
+
+
+register(OpDef(
+    "gather", 1, _gather_dim,
+    lambda node, out, args, dtype: (
+        f"{{ const int ix[{node.dim}] = {{{', '.join(map(str, node.params[0]))}}}; "
+        f"for (int k = 0; k < {node.dim}; ++k) {out}[k] = {args[0]}[ix[k]]; }}"
+    ),
+    ref=_gather_ref,
+    vjp=lambda node, g: [apply("scatter", g, params=(node.params[0], node.args[0].dim))],
+    jvp=lambda node, t: None if t[0] is None else apply("gather", t[0], params=node.params),
+    doc="out[k] = a[idx[k]] for a static index table (permutations, selections)",
+))
+
+
+def _scatter_dim(dims, params):
+    idx, total = params
+    if len(idx) != dims[0] or (idx and (min(idx) < 0 or max(idx) >= total)):
+        raise ValueError(f"scatter: {len(idx)} indices into dimension {total} for an operand of {dims[0]}")
+    return int(total)
+
+
+def _scatter_ref(xp, t, p):
+    idx, total = p
+    a = t[0]
+    cols = []
+    for m in range(total):
+        terms = [a[..., k: k + 1] for k, i in enumerate(idx) if i == m]
+        col = a[..., :1] * 0
+        for term in terms:
+            col = col + term
+        cols.append(col)
+    return xp.concat(cols)
+
+
+register(OpDef(
+    "scatter", 1, _scatter_dim,
+    lambda node, out, args, dtype: (
+        f"{{ const int ix[{node.args[0].dim}] = {{{', '.join(map(str, node.params[0]))}}}; "
+        f"for (int k = 0; k < {node.dim}; ++k) {out}[k] = 0; "
+        f"for (int k = 0; k < {node.args[0].dim}; ++k) {out}[ix[k]] += {args[0]}[k]; }}"
+    ),
+    ref=_scatter_ref,
+    vjp=lambda node, g: [apply("gather", g, params=(node.params[0],))],
+    jvp=lambda node, t: None if t[0] is None else apply("scatter", t[0], params=node.params),
+    doc="out[idx[k]] += a[k] into zeros of dimension total (transpose of gather)",
+))

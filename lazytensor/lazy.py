@@ -392,6 +392,47 @@ class LazyTensor:
     def tensorprod(self, v):
         return self._op("tensorprod", v)
 
+    def keops_kron(self, other, dimfself, dimfother):
+        """Kronecker product of two tensors stored row-major in the vector dimension.
+
+        ``dimfself`` and ``dimfother`` are their shapes (same number of axes); the result
+        has shape ``(d0*e0, d1*e1, ...)``, flattened row-major, as ``numpy.kron``.
+        """
+        da, db = tuple(int(d) for d in dimfself), tuple(int(d) for d in dimfother)
+        if len(da) != len(db):
+            raise ValueError(f"keops_kron: shapes {da} and {db} have different numbers of axes")
+        prod = self.tensorprod(other)  # index (ia, ib) -> ia * |b| + ib
+        ia = np.arange(int(np.prod(da))).reshape(da)
+        ib = np.arange(int(np.prod(db))).reshape(db)
+        flat = np.kron(ia * int(np.prod(db)), np.ones(db, dtype=np.int64)) + np.kron(
+            np.ones(da, dtype=np.int64), ib)
+        return prod._op("gather", params=(tuple(int(k) for k in flat.reshape(-1)),))
+
+    def keops_tensordot(self, other, dimfa, dimfb, contfa, contfb, *args):
+        """``numpy.tensordot`` of two tensors stored row-major in the vector dimension.
+
+        ``dimfa``/``dimfb`` are their shapes, ``contfa``/``contfb`` the axes contracted
+        together; the result holds the free axes of ``self`` then those of ``other``.
+        """
+        da, db = tuple(int(d) for d in dimfa), tuple(int(d) for d in dimfb)
+        ca, cb = tuple(int(c) for c in np.atleast_1d(contfa)), tuple(int(c) for c in np.atleast_1d(contfb))
+        if len(ca) != len(cb) or any(da[p] != db[q] for p, q in zip(ca, cb)):
+            raise ValueError(f"keops_tensordot: cannot contract axes {ca} of {da} with {cb} of {db}")
+        fa = [k for k in range(len(da)) if k not in ca]
+        fb = [k for k in range(len(db)) if k not in cb]
+        ia = np.arange(int(np.prod(da))).reshape(da).transpose(fa + list(ca))
+        ib = np.arange(int(np.prod(db))).reshape(db).transpose(list(cb) + fb)
+        nc = int(np.prod([da[p] for p in ca])) if ca else 1
+        ia = ia.reshape(-1, nc)  # (free_a, contracted)
+        ib = ib.reshape(nc, -1)  # (contracted, free_b)
+        total = None
+        for c in range(nc):
+            col = self._op("gather", params=(tuple(int(k) for k in ia[:, c]),))
+            row = LazyTensor(other)._op("gather", params=(tuple(int(k) for k in ib[c, :]),))
+            term = col.tensorprod(row)
+            total = term if total is None else total + term
+        return total
+
     def difference_matrix(self, other):
         """``(x_k - y_l)`` for all k, l: an (D1*D2)-vector (row-major)."""
         D1 = self.formula.dim

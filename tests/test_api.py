@@ -517,3 +517,17 @@ def test_logsumexp_large_magnitudes(dtype, rng):
     ms = S.max_sumshiftexp(dim=1)
     assert np.all(np.isfinite(ms))
     np.testing.assert_allclose(ms[:, 0], V.max(1), rtol=1e-6 if dtype == "float32" else 1e-12)
+
+
+def test_keops_kron_and_tensordot_match_numpy(rng):
+    a, b = rng.random((5, 6)), rng.random((7, 6))
+    A, B = Vi(a), Vj(b)
+    kron = A.keops_kron(B, (2, 3), (3, 2)).sum(1)
+    ref = np.stack([sum(np.kron(a[i].reshape(2, 3), b[j].reshape(3, 2)).reshape(-1) for j in range(7))
+                    for i in range(5)])
+    np.testing.assert_allclose(kron, ref, rtol=1e-12)
+    for dims_b, ca, cb in (((3, 2), (1,), (0,)), ((2, 3), (0, 1), (0, 1)), ((2, 3), (0,), (0,))):
+        td = A.keops_tensordot(B, (2, 3), dims_b, ca, cb).sum(1)
+        ref = np.stack([sum(np.tensordot(a[i].reshape(2, 3), b[j].reshape(dims_b), axes=(ca, cb)).reshape(-1)
+                            for j in range(7)) for i in range(5)])
+        np.testing.assert_allclose(td, ref, rtol=1e-12)

@@ -182,6 +182,10 @@ CASES: dict[str, Case] = {
     "matvec": Case(lambda x, y: A("matvec", x, y), U(-2, 2), U(-2, 2), dx=6, dy=3),
     "vecmat": Case(lambda x, y: A("vecmat", x, y), U(-2, 2), U(-2, 2), dx=2, dy=6),
     "tensorprod": Case(lambda x, y: A("tensorprod", x, y), U(-2, 2), U(-2, 2), dx=2, dy=3),
+    "gather": Case(lambda x, y: A("gather", A("mul", x, y), params=((2, 0, 0, 1),)),
+                   U(-2, 2), U(-2, 2), dx=3, dy=3),
+    "scatter": Case(lambda x, y: A("scatter", A("mul", x, y), params=((3, 0, 3), 5)),
+                    U(-2, 2), U(-2, 2), dx=3, dy=3),
 }
 # fmt: on
 
