@@ -13,7 +13,15 @@ from codegen import ops
 from codegen.elementwise import ELEMENTWISE
 from lazytensor import LazyTensor
 
-torch.set_default_dtype(torch.float64)
+
+
+@pytest.fixture(autouse=True)
+def _float64_default():
+    """gradcheck wants float64; restore the default so other test modules are unaffected."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
 
 
 def _seed(rng):
