@@ -30,8 +30,6 @@ import threading
 import time
 from collections.abc import Iterator
 
-from filelock import FileLock, Timeout
-
 from . import entry
 from .errors import CacheError
 
@@ -196,6 +194,9 @@ def key_lock(root: str, key: str, timeout: float | None) -> Iterator[None]:
             # Created here, private, so that a failure is classified by `storage`.
             os.close(os.open(lock_path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o600))
         remaining = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
+        # imported here: a process that only reads the cache never pays for filelock
+        from filelock import FileLock, Timeout
+
         file_lock = FileLock(lock_path, timeout=remaining)
         with storage(root, "taking the lock file"):
             try:

@@ -163,9 +163,16 @@ struct Acc {{
       T m = {init_v}; int nan = 0;
       _Pragma("omp simd reduction({"min" if self.want_min else "max"}:m) reduction(|:nan)")
       for (int jj = 0; jj < nj; ++jj) {{ const T x = f[jj]; nan |= (x != x); m = x {"<" if self.want_min else ">"} m ? x : m; }}
-      if (!nan && i[k] >= 0 && !(m {"<" if self.want_min else ">"}= v[k])) continue;
-      for (int jj = 0; jj < nj; ++jj)
-        if (lt_better(f[jj], j0 + jj, v[k], i[k], {wm})) {{ v[k] = f[jj]; i[k] = j0 + jj; }}
+      if (nan) {{
+        for (int jj = 0; jj < nj; ++jj)
+          if (lt_better(f[jj], j0 + jj, v[k], i[k], {wm})) {{ v[k] = f[jj]; i[k] = j0 + jj; }}
+        continue;
+      }}
+      // the tile's terms come after every index kept, so a tie does not replace
+      if (i[k] >= 0 && !(m {"<" if self.want_min else ">"} v[k])) continue;
+      int jj = 0;
+      while (!(f[jj] == m)) ++jj;  // the first term equal to the best
+      v[k] = f[jj]; i[k] = j0 + jj;
     }} }}
   LT_HD LT_INLINE void merge(const Acc& o) {{
     for (int k = 0; k < {F}; ++k) if (lt_better(o.v[k], o.i[k], v[k], i[k], {wm})) {{ v[k] = o.v[k]; i[k] = o.i[k]; }} }}
@@ -248,9 +255,9 @@ struct Acc {{
     vc[p] = x; ic[p] = j;
   }}
   LT_HD LT_INLINE void push(const T* f, int64_t j) {{ for (int c = 0; c < {F}; ++c) insert(c, f[c], j); }}
-  // Once the K slots are full (and the worst is not NaN), a block of terms is skipped
-  // when a vectorized pass finds none strictly better than the worst kept: the terms of
-  // a tile come after every kept index, so an equal value never enters.
+  // Once the K slots are full (and the worst is not NaN), a vectorized pass over a block
+  // of 32 terms marks those strictly better than the worst kept, and only they are
+  // inserted: the terms of a tile come after every kept index, so a tie never enters.
   LT_INLINE void tile(const T* fb, int nj, int64_t j0) {{
     for (int c = 0; c < {F}; ++c) {{
       const T* f = fb + c * TJ;
@@ -258,11 +265,15 @@ struct Acc {{
       while (jj < nj) {{
         const T thr = v[c * {K} + {K - 1}];
         if (i[c * {K} + {K - 1}] < 0 || thr != thr) {{ insert(c, f[jj], j0 + jj); ++jj; continue; }}
-        const int e = jj + 64 < nj ? jj + 64 : nj;
-        int any = 0;
-        _Pragma("omp simd reduction(|:any)")
-        for (int q = jj; q < e; ++q) any |= f[q] {"<" if self.want_min else ">"} thr;
-        if (any) for (int q = jj; q < e; ++q) insert(c, f[q], j0 + q);
+        const int e = jj + 32 < nj ? jj + 32 : nj;
+        uint32_t bits = 0;  // terms better than the worst kept, found vectorized
+        _Pragma("omp simd reduction(|:bits)")
+        for (int q = jj; q < e; ++q) bits |= (uint32_t)(f[q] {"<" if self.want_min else ">"} thr) << (q - jj);
+        while (bits) {{
+          const int q = jj + __builtin_ctz(bits);
+          bits &= bits - 1;
+          if (f[q] {"<" if self.want_min else ">"} v[c * {K} + {K - 1}]) insert(c, f[q], j0 + q);
+        }}
         jj = e;
       }}
     }} }}

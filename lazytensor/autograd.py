@@ -190,8 +190,11 @@ def _gather_vjp(call, inputs, outs, g, needs) -> list:
         picked = torch.gather(values, -1, comp[..., None])[..., 0]
         picked = torch.where(valid, picked, torch.zeros_like(picked))
         wanted = [k for k in range(len(inputs)) if needs[k]]
-        grads = torch.autograd.grad(picked, [inputs[k] for k in wanted], g,
-                                    create_graph=torch.is_grad_enabled(), allow_unused=True)
+        if picked.requires_grad:
+            grads = torch.autograd.grad(picked, [inputs[k] for k in wanted], g,
+                                        create_graph=torch.is_grad_enabled(), allow_unused=True)
+        else:  # the selected values do not depend on the inputs (comparisons, floor, ...)
+            grads = [None] * len(wanted)
     result = [None] * len(inputs)
     for k, gr in zip(wanted, grads):
         result[k] = gr if gr is not None else torch.zeros_like(inputs[k])

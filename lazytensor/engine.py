@@ -147,11 +147,15 @@ def execute(call: ReductionCall, arrays: list) -> list:
 
 # call -> (shapes, CpuLaunch, output specs): a call that comes back (the reduce cache
 # hands out the same call object) neither rebuilds its kernel spec nor its arguments.
-_cpu_calls: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_cpu_calls: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _execute_cpu(call: ReductionCall, arrays: list) -> list:
-    arrays = [_contiguous(a) for a in arrays]
+    torch_lib = call.library == "torch"
+    if torch_lib:
+        arrays = [a if a.is_contiguous() else a.detach().contiguous() for a in arrays]
+    else:
+        arrays = [np.ascontiguousarray(a) for a in arrays]
     shapes = tuple(a.shape for a in arrays)
     hit = _cpu_calls.get(call)
     if hit is None or hit[0] != shapes:
@@ -165,15 +169,25 @@ def _execute_cpu(call: ReductionCall, arrays: list) -> list:
                                     call.batch, call.N, call.M)
         hit = _cpu_calls[call] = (shapes, launch, _out_specs(call))
     _, launch, specs = hit
-    if call.library == "torch":
+    if torch_lib:
         import torch
 
         outs = [torch.empty(shape, dtype=dt) for shape, dt in specs]
+        ptr = _torch_ptr
     else:
         outs = [np.empty(shape, dtype=dt) for shape, dt in specs]
-    if call.N > 0 and all(s > 0 for s in call.batch):
-        launch(arrays, outs, _ptr)
+        ptr = _numpy_ptr
+    if launch.rows > 0:
+        launch(arrays, outs, ptr)
     return outs
+
+
+def _torch_ptr(a) -> int:
+    return a.data_ptr()
+
+
+def _numpy_ptr(a) -> int:
+    return a.ctypes.data
 
 
 def _out_specs(call: ReductionCall) -> list:
@@ -256,6 +270,9 @@ def _prepare(formula, variables, reduction, axis, opts, backend):
     opts = {k: int(v) if isinstance(v, np.integer) else v for k, v in opts.items()}
     if axis not in (0, 1):
         raise ValueError(f"reduction axis must be 0 (over i) or 1 (over j), got {axis!r}")
+    if not variables:
+        raise ValueError(f"{red.name}: the formula {ir.to_text(formula, limit=80)} has no variables, "
+                         "so nothing is indexed by i or j; reduce a formula of Vi/Vj/Pm variables")
     sig = bind(variables)
     cats = [v.cat for v in variables]
     dims = [v.dim for v in variables]

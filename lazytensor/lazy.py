@@ -117,7 +117,11 @@ class LazyTensor:
 
     @property
     def nbatchdims(self) -> int:
-        return max((len(v.batch) for v in self.variables), default=0)
+        nb = 0  # (on every reduction: kept cheap, no shape tuples)
+        for v in self.variables:
+            if not v.is_scalar:
+                nb = max(nb, v.data.ndim - (1 if v.cat == "p" else 2))
+        return nb
 
     @property
     def batchdims(self) -> tuple:
@@ -164,7 +168,10 @@ class LazyTensor:
                 variables.append(v)
             if n != k:
                 mapping[ir.var(k, v.dim, v.cat)] = ir.var(n, v.dim, v.cat)
-        formula = ir.substitute(other.formula, mapping) if mapping else other.formula
+        if other.formula.op == "var":  # a leaf (K @ b, x * y): no need to walk it
+            formula = mapping.get(other.formula, other.formula)
+        else:
+            formula = ir.substitute(other.formula, mapping) if mapping else other.formula
         return variables, formula
 
     def _op(self, name, *others, params=()):
@@ -498,12 +505,22 @@ class LazyTensor:
 
         Options as pykeops: ``sum_scheme`` ("block_sum" default, "direct_sum",
         "kahan_scheme"), ``dtype_acc`` / ``use_double_acc``; ``grad_mode`` for torch gradients.
+        An empty reduction (no j, or no i for dim=0) gives 0; NaN terms give NaN, +inf and
+        -inf terms together give NaN, as in NumPy.
         """
         if self._vector_dim(dim if axis is None else axis):
             return self._op("sum")
         return self._reduce("sum", dim, axis, backend, _sum_opts(opts), call, out, grad_mode)
 
     def min(self, dim=None, axis=None, backend="auto", **kw):
+        """Minimum over i (dim=0) or j (dim=1), per component; ``dim=-1``: over the vector.
+
+        An empty reduction gives +inf (``max``: -inf); a NaN term gives NaN, as ``np.min``.
+
+        >>> x, y = np.random.rand(5, 2), np.random.rand(6, 2)
+        >>> Vi(x).sqdist(Vj(y)).min(dim=1).shape
+        (5, 1)
+        """
         if self._vector_dim(dim if axis is None else axis):
             return self._op("vmin")
         return self._reduce("min", dim, axis, backend, **kw)
@@ -514,6 +531,8 @@ class LazyTensor:
         return self._reduce("max", dim, axis, backend, **kw)
 
     def argmin(self, dim=None, axis=None, backend="auto", **kw):
+        """Index (int64) of the minimum over i or j: the lowest index among ties, the first
+        NaN's index if there is a NaN (as ``np.argmin``), -1 for an empty reduction."""
         if self._vector_dim(dim if axis is None else axis):
             return self._op("vargmin")
         return self._reduce("argmin", dim, axis, backend, **kw)
@@ -530,9 +549,18 @@ class LazyTensor:
         return self._reduce("max_argmax", dim, axis, backend, **kw)
 
     def Kmin(self, K, dim=None, axis=None, backend="auto", **kw):
+        """The K smallest values over i or j, sorted, per component (shape (N, K) or
+        (N, K, D)); NaN sorts last (as ``np.sort``), ties keep index order; K must be a
+        positive integer at most the number of reduced points."""
         return self._reduce("kmin", dim, axis, backend, {"K": K}, **kw)
 
     def argKmin(self, K, dim=None, axis=None, backend="auto", **kw):
+        """Indices (int64) of the K smallest values, in the order of :meth:`Kmin`.
+
+        >>> x, y = np.random.rand(5, 2), np.random.rand(6, 2)
+        >>> Vi(x).sqdist(Vj(y)).argKmin(3, dim=1).shape
+        (5, 3)
+        """
         return self._reduce("argkmin", dim, axis, backend, {"K": K}, **kw)
 
     def Kmin_argKmin(self, K, dim=None, axis=None, backend="auto", **kw):
@@ -540,6 +568,8 @@ class LazyTensor:
 
     def logsumexp(self, dim=None, axis=None, weight=None, backend="auto", **kw):
         """``log Σ exp(self)`` (stable); with ``weight``: ``log Σ exp(self) * weight``.
+
+        An empty reduction (or all terms -inf) gives -inf; a NaN term gives NaN.
 
         >>> x, y = np.random.rand(5, 2), np.random.rand(6, 2)
         >>> (Vi(x) | Vj(y)).logsumexp(dim=1, weight=Vj(np.ones((6, 3)))).shape
@@ -551,7 +581,8 @@ class LazyTensor:
                                                               backend, **kw)
 
     def sumsoftmaxweight(self, weight, dim=None, axis=None, backend="auto", **kw):
-        """``Σ_j softmax_j(self) weight_j`` for a scalar formula ``self``.
+        """``Σ_j softmax_j(self) weight_j`` for a scalar formula ``self`` (NaN, i.e. 0/0, for
+        an empty reduction).
 
         >>> q, k, v = np.random.rand(5, 2), np.random.rand(6, 2), np.random.rand(6, 3)
         >>> (Vi(q) | Vj(k)).sumsoftmaxweight(Vj(v), dim=1).shape
@@ -666,7 +697,7 @@ def _sum_opts(opts):
     return out
 
 
-def _describe_operand(lt: "LazyTensor") -> str:
+def _describe_operand(lt: LazyTensor) -> str:
     """``Vi(0,3) of dimension 3 (i-variable (shape (10, 3), dtype float64))`` for messages."""
     text = f"{ir.to_text(lt.formula, limit=60)} of dimension {lt.formula.dim}"
     arrays = [v.describe() for v in lt.variables if not v.is_scalar]

@@ -20,12 +20,11 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from codegen import ir, reductions
+from codegen.cpu_plan import dot_tiling_enabled
 from codegen.render_c import VarSpec
 
-CACHE_FORMAT = "lazytensor-kernel-3"
+CACHE_FORMAT = "lazytensor-kernel-4"
 
 
 @dataclass(frozen=True)
@@ -51,6 +50,7 @@ class KernelSpec:
             "opts": [list(o) for o in self.opts],
             "dtype": self.dtype,
             "backend": backend,
+            "dot_tiling": dot_tiling_enabled(),
             "toolchain": identity,
             "codegen": codegen_fingerprint(),
         }, sort_keys=True)
@@ -76,9 +76,7 @@ class CpuKernel:
     def __init__(self, path: str, spec: KernelSpec):
         self.lib = ctypes.CDLL(path)
         fn = self.lib.lt_run
-        P = ctypes.c_void_p
-        fn.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int, P, P, P, P, P, ctypes.c_int,
-                       ctypes.c_int64]
+        fn.argtypes = [ctypes.c_void_p]  # one array of words, see codegen.render_cpu
         fn.restype = ctypes.c_int
         self.fn = fn
         self.spec = spec
@@ -109,9 +107,40 @@ def get_cpu_kernel(spec: KernelSpec) -> CpuKernel:
     return kernel
 
 
+# The CPU kernel keeps a tile of formula values (F x TJ, TJ >= 8), one pair's value and
+# the accumulators on the stack of each thread: beyond a few MB a thread's stack (8 MB by
+# default, for the main thread, Python threads and OpenMP workers alike) overflows and the
+# process dies. Such formulas are refused before compiling, with a message that says why.
+_STACK_BUDGET = 6 << 20
+
+
+def _stack_bytes(spec: KernelSpec) -> int:
+    """A rough estimate of the kernel's stack use per thread (measured: F = 80 000 sums run,
+    100 000 crash; an accumulator of K*F = 300 000 runs, 600 000 crashes)."""
+    size = 4 if spec.dtype == "float32" else 8
+    F = spec.formula.dim
+    widest = max(o.dim for o in reductions.get(spec.reduction).outputs(F, spec.opts_dict))
+    return size * 9 * F + 16 * widest  # tile and value; value (or sum) and index per output
+
+
+def check_stack(spec: KernelSpec) -> None:
+    """Raise ValueError for a kernel too large for a thread's stack."""
+    need = _stack_bytes(spec)
+    if need > _STACK_BUDGET:
+        opts = f" with {', '.join(f'{k}={v}' for k, v in spec.opts)}" if spec.opts else ""
+        raise ValueError(
+            f"formula too large for a CPU kernel: {spec.reduction}{opts} of a formula of "
+            f"dimension {spec.formula.dim} needs about {need >> 20} MB of stack per thread "
+            f"(at most {_STACK_BUDGET >> 20} MB); reduce fewer components at once (slice the "
+            "formula, or use a smaller K)"
+        )
+
+
 def _load_or_build_cpu(spec: KernelSpec) -> CpuKernel:
     from cache import default_cache
     from codegen.compilers import cpu_compiler
+
+    check_stack(spec)
 
     compiler = cpu_compiler()
     if not compiler.available:
@@ -140,7 +169,37 @@ def _load_or_build_cpu(spec: KernelSpec) -> CpuKernel:
     return CpuKernel(str(path), spec)
 
 
+# libgomp's thread pool does not survive fork(): a child that enters a parallel region
+# after its parent ran one waits forever for threads that do not exist. So a process
+# forked after kernels ran on several threads runs its own kernels on one thread
+# (DataLoader workers do anyway: torch gives them one thread). Spawned processes are fine.
+_threads_started = False
+_forked_after_threads = False
+
+
+def _after_fork_in_child() -> None:
+    global _forked_after_threads
+    _forked_after_threads = _forked_after_threads or _threads_started
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _threads_for_launch() -> int:
+    """``num_threads()``, remembering that OpenMP threads exist from now on."""
+    global _threads_started
+    threads = num_threads()
+    if threads > 1:
+        _threads_started = True
+    return threads
+
+
 def num_threads() -> int:
+    """Threads per kernel: ``$LAZYTENSOR_NUM_THREADS``, torch's setting, or the CPUs we may use;
+    1 in a child forked after kernels ran on several threads (see above)."""
+    if _forked_after_threads:
+        return 1
     env = os.environ.get("LAZYTENSOR_NUM_THREADS")
     if env:
         try:
@@ -156,7 +215,69 @@ def num_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-_SMALL_WORK = 1 << 16  # pairs below which threads cost more than they give
+_SMALL_WORK = 1 << 18  # pairs (~0.1 ms on one core) below which threads cost more than they give
+
+
+class CpuLaunch:
+    """A kernel bound to one layout of its arguments: all of ``lt_run``'s arguments but
+    the data pointers and the thread count are computed once, so a repeated call only
+    fills one array of words (see :func:`cpu_launch`)."""
+
+    __slots__ = ("M", "N", "_keep", "args_type", "fn", "nbd", "rows", "tables", "work")
+
+    def __init__(self, kernel: CpuKernel, shapes: list, cats: list, batch: tuple, N: int,
+                 M: int):
+        nbd, nv = len(batch), len(shapes)
+        vbs = (ctypes.c_int64 * max(1, nv * nbd))()
+        vnb = (ctypes.c_int64 * max(1, nv))()
+        for v, (shape, cat) in enumerate(zip(shapes, cats)):
+            own = shape[:-2] if cat in ("i", "j") else shape[:-1]
+            own = (1,) * (nbd - len(own)) + tuple(own)
+            stride = 1  # in (rows, dim) blocks
+            for k in range(nbd - 1, -1, -1):
+                vbs[v * nbd + k] = 0 if own[k] == 1 else stride
+                stride *= own[k]
+            vnb[v] = stride
+        bshape = (ctypes.c_int64 * max(1, nbd))(*(batch if batch else (1,)))
+        B = 1
+        for s in batch:
+            B *= s
+        self.fn = kernel.fn
+        self.N, self.M, self.nbd = N, M, nbd
+        self.work, self.rows = B * N * max(M, 1), B * N
+        self.args_type = ctypes.c_int64 * (8 + nv + len(kernel.outputs))
+        self._keep = (bshape, vbs, vnb)
+        self.tables = tuple(ctypes.addressof(t) for t in (bshape, vbs, vnb))
+
+    def __call__(self, arrays: list, outs: list, ptr) -> None:
+        """Run on contiguous ``arrays`` into preallocated ``outs`` (``ptr``: data address)."""
+        threads, jchunk = 1, 0
+        if self.work >= _SMALL_WORK:
+            threads = _threads_for_launch()
+            # split j when there are too few rows to share out (one query vs many points)
+            if threads > 1 and self.rows < 8 * threads and self.M >= 8192:
+                pieces = -(-8 * threads // max(self.rows, 1))
+                jchunk = max(2048, -(-self.M // pieces))
+        args = self.args_type(self.N, self.M, self.nbd, threads, jchunk, *self.tables,
+                              *[ptr(a) for a in arrays], *[ptr(o) for o in outs])
+        status = self.fn(ctypes.addressof(args))
+        if status != 0:
+            raise MemoryError("a CPU kernel could not allocate its work buffers")
+
+
+_launches: dict = {}
+
+
+def cpu_launch(kernel: CpuKernel, shapes: tuple, cats: tuple, batch: tuple, N: int,
+               M: int) -> CpuLaunch:
+    """The (cached) :class:`CpuLaunch` of ``kernel`` for arrays of these shapes."""
+    key = (kernel, shapes, cats, batch, N, M)
+    launch = _launches.get(key)
+    if launch is None:
+        if len(_launches) > 4096:
+            _launches.clear()
+        launch = _launches[key] = CpuLaunch(kernel, list(shapes), list(cats), batch, N, M)
+    return launch
 
 
 def launch_cpu(kernel: CpuKernel, arrays: list, cats: list, batch: tuple, N: int, M: int,
@@ -165,40 +286,5 @@ def launch_cpu(kernel: CpuKernel, arrays: list, cats: list, batch: tuple, N: int
 
     ``ptr(a)`` gives an array's data address (NumPy or torch).
     """
-    nbd = len(batch)
-    nv = len(arrays)
-    B = 1
-    for s in batch:
-        B *= s
-    vbs = np.zeros(max(1, nv * nbd), dtype=np.int64)
-    vnb = np.ones(max(1, nv), dtype=np.int64)
-    keep = []
-    ptrs = (ctypes.c_void_p * max(1, nv))()
-    for v, (a, cat) in enumerate(zip(arrays, cats)):
-        ptrs[v] = ptr(a)
-        shape = tuple(a.shape)
-        own = shape[:-2] if cat in ("i", "j") else shape[:-1]
-        own = (1,) * (nbd - len(own)) + tuple(own)
-        block = 1
-        for s in shape[len(shape) - (2 if cat in ("i", "j") else 1):]:
-            block *= s
-        stride = block
-        nb = 1
-        for k in range(nbd - 1, -1, -1):
-            vbs[v * nbd + k] = 0 if own[k] == 1 else stride
-            stride *= own[k]
-            nb *= own[k]
-        vnb[v] = nb
-    bshape = np.asarray(batch if batch else (1,), dtype=np.int64)
-    outp = (ctypes.c_void_p * len(outs))(*[ptr(o) for o in outs])
-    threads = num_threads() if B * N * max(M, 1) >= _SMALL_WORK else 1
-    jchunk = 0
-    rows = B * N
-    if threads > 1 and rows < 8 * threads and M >= 8192:
-        pieces = -(-8 * threads // max(rows, 1))
-        jchunk = max(2048, -(-M // pieces))
-    keep.append((vbs, vnb, bshape))
-    status = kernel.fn(N, M, nbd, bshape.ctypes.data, ctypes.addressof(ptrs), vbs.ctypes.data,
-                       vnb.ctypes.data, ctypes.addressof(outp), threads, jchunk)
-    if status != 0:
-        raise MemoryError(f"kernel {kernel.spec.reduction} could not allocate its work buffers")
+    shapes = tuple(tuple(a.shape) for a in arrays)
+    cpu_launch(kernel, shapes, tuple(cats), tuple(batch), N, M)(arrays, outs, ptr)

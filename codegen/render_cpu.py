@@ -1,0 +1,456 @@
+"""The CPU kernel skeleton ``lt_run`` around the shared formula and ``Acc`` (render_c.py).
+
+The formula is first planned (:mod:`codegen.cpu_plan`): values that depend on i only
+become per-row values, costly values of one j-variable become columns, large dot
+products become small matrix products. Then:
+
+- *work items* (batch b, block of rows, chunk of j for split-j) go to OpenMP threads,
+  dynamically; one thread, or a small problem, runs them without OpenMP;
+- *a work item* walks its j-range in chunks of ``JCH`` columns that stay in L2. It first
+  stages the chunk: the j-variables of dimension > 1 and the columns, one component
+  after the other (``S[k * JCH + j]``, zero-padded to whole tiles), in a per-thread
+  buffer -- a GPU's shared-memory tile, here so that the pair loop reads every
+  component with unit stride. There is no O(M) set-up pass and no O(M) buffer, so one
+  query against 10^7 points is split over threads from its first byte. Then, for each
+  block of ``LT_R`` rows (4 with dot products, else 1): the row values, the packed dot
+  operands, and per tile of ``TJ`` columns the dot products (register-tiled) and, for
+  each row, a vectorizable loop over the tile that evaluates the formula into ``fb``,
+  handed to ``Acc::tile``. Accumulators stay per row across tiles and chunks, so every
+  row sees its j in increasing order;
+- split-j partial accumulators are merged with ``Acc::merge``.
+
+The kernel runs with denormals flushed to zero (``LtFtz``, as CUDA's fast math does):
+an underflowing exp would otherwise cost a hundred cycles per pair.
+
+Calling convention: ``lt_run(args)``, one array of 64-bit words (one ctypes argument is
+the cheapest call): ``N, M, nbd, nthreads, jchunk, &bshape, &vbs, &vnb``, then the data
+pointer of each variable (contiguous ``(batch..., rows, dim)``), then of each output
+(contiguous ``(B, N, dim_o)``). ``vbs[v * nbd + k]`` is variable v's stride *in (rows,
+dim) blocks* along batch dimension k (0 where broadcast), ``vnb[v]`` its number of
+blocks; ``jchunk`` > 0 splits j into chunks (rounded up to the tile length). Returns 0,
+or 1 when a work buffer could not be allocated.
+"""
+
+from __future__ import annotations
+
+from . import ir
+from .cpu_plan import CpuPlan, plan_cpu
+from .render_c import VarSpec, cpu_renames, render_function, render_shared, tile_size
+
+L2_CHUNK_BYTES = 262144  # staged j-data of one chunk, reused by every row block of an item
+MAX_ROWS_PER_ITEM = 256  # rows of a work item (fewer when N is small or Acc is large)
+WIDE = 16  # formulas on wider vectors vectorize along the vector, not along j
+
+
+def _vector_header() -> str:
+    return """
+#if defined(__AVX512F__)
+#define LT_VB 64
+#elif defined(__AVX__)
+#define LT_VB 32
+#else
+#define LT_VB 16
+#endif
+typedef T lt_vec __attribute__((vector_size(LT_VB)));
+enum { LT_W = LT_VB / (int)sizeof(T), LT_JV = LT_VB == 64 ? 4 : 2 };
+#if defined(__x86_64__) || defined(__i386__)
+// Denormals flushed to zero, and read as zero, while a kernel runs (restored after).
+struct LtFtz {
+  unsigned csr;
+  LtFtz() : csr(__builtin_ia32_stmxcsr()) { __builtin_ia32_ldmxcsr(csr | 0x8040); }
+  ~LtFtz() { __builtin_ia32_ldmxcsr(csr); }
+};
+#else
+struct LtFtz {};
+#endif
+// The staging buffer of the calling thread, kept (and grown) across calls.
+struct LtStage {
+  T* p = 0;
+  size_t n = 0;
+  ~LtStage() { free(p); }
+  T* get(size_t len) {
+    if (len > n) {
+      free(p);
+      void* q = 0;
+      p = posix_memalign(&q, 64, sizeof(T) * len) == 0 ? (T*)q : 0;
+      n = p ? len : 0;
+    }
+    return p;
+  }
+};
+static thread_local LtStage lt_stage;
+"""
+
+
+def _dot_kernel(D: int, R: int) -> str:
+    """G[r*TJ + jj] = Σ_k A[r*D + k] B[k*JCH + jj]: LT_R x (LT_JV vectors) in registers."""
+    return f"""
+// Dot products of {R} rows (A, packed row-major) with a tile of columns (B, one
+// component per run of JCH): the {R} x LT_JV accumulators stay in registers, each load
+// of B serves {R} rows. Whole vectors are computed (B is zero-padded, G holds TJ).
+static LT_INLINE void lt_dot{D}(const T* __restrict__ A, const T* __restrict__ B, int nj,
+                               T* __restrict__ G) {{
+  for (int jv = 0; jv < nj; jv += LT_JV * LT_W) {{
+    lt_vec acc[{R}][LT_JV];
+    #pragma GCC unroll 16
+    for (int r = 0; r < {R}; ++r)
+      #pragma GCC unroll 16
+      for (int q = 0; q < LT_JV; ++q) acc[r][q] = lt_vec{{}};
+    for (int k = 0; k < {D}; ++k) {{
+      lt_vec b[LT_JV];
+      #pragma GCC unroll 16
+      for (int q = 0; q < LT_JV; ++q) memcpy(&b[q], B + k * JCH + jv + q * LT_W, LT_VB);
+      #pragma GCC unroll 16
+      for (int r = 0; r < {R}; ++r) {{
+        const T a = A[r * {D} + k];
+        #pragma GCC unroll 16
+        for (int q = 0; q < LT_JV; ++q) acc[r][q] += a * b[q];
+      }}
+    }}
+    #pragma GCC unroll 16
+    for (int r = 0; r < {R}; ++r)
+      #pragma GCC unroll 16
+      for (int q = 0; q < LT_JV; ++q) memcpy(G + r * TJ + jv + q * LT_W, &acc[r][q], LT_VB);
+  }}
+}}
+"""
+
+
+def _sqdist_fix(D: int) -> str:
+    """d = max(|a|² + |b|² - 2 G, 0) in place, and the near-duplicates recomputed directly."""
+    return f"""
+// |A_r - B_j|² from the dot products G; where it is below (|A_r|² + |B_j|²) / 16 the
+// subtraction has cancelled most digits, so those pairs are recomputed directly.
+static LT_INLINE void lt_sqdist{D}(const T* __restrict__ A, const T* __restrict__ nA,
+                                  const T* __restrict__ B, const T* __restrict__ nB,
+                                  int nr, int nj, T* __restrict__ G) {{
+  for (int r = 0; r < nr; ++r) {{
+    T* g = G + r * TJ;
+    const T na = nA[r];
+    int near = 0;
+    _Pragma("omp simd reduction(|:near)")
+    for (int jj = 0; jj < nj; ++jj) {{
+      const T s = na + nB[jj];
+      T d = s - 2 * g[jj];
+      d = d < 0 ? 0 : d;  // NaN stays
+      near |= d < s * (T)0.0625;
+      g[jj] = d;
+    }}
+    if (!near) continue;
+    for (int jj = 0; jj < nj; ++jj) {{
+      if (!(g[jj] < (na + nB[jj]) * (T)0.0625)) continue;
+      T e = 0;
+      for (int k = 0; k < {D}; ++k) {{ const T t = A[r * {D} + k] - B[k * JCH + jj]; e += t * t; }}
+      g[jj] = e;
+    }}
+  }}
+}}
+"""
+
+
+class _Layout:
+    """Which values are staged per chunk and how each variable is addressed."""
+
+    def __init__(self, var_specs: list, plan: CpuPlan, jch: int | None = None):
+        self.orig = sorted(var_specs, key=lambda v: v.index)
+        self.n_orig = max([v.index + 1 for v in self.orig] + [0])
+        self.rows = [VarSpec(d.var.index, d.var.dim, "i") for d in plan.rows]
+        self.cols = [VarSpec(d.var.index, d.var.dim, "j") for d in plan.cols]
+        self.col_source = {d.var.index: d.source for d in plan.cols}
+        self.dots = list(plan.dots)
+        self.dot_index = {d.var.index for d in plan.dots}
+        used = {v.index for v in ir.variables(plan.formula)}
+        dot_b = {d.b for d in plan.dots}
+        # wide: the pair loop is vectorized along the vector dimension (see _row_block)
+        self.wide = plan.formula.dim > WIDE or any(
+            v.dim > WIDE for v in self.orig if v.index in used)
+        # staged: j-variables read component-wise (by the pair loop unless wide, by a dot
+        # product), and columns
+        self.staged = [v for v in self.orig if v.cat == "j" and v.dim > 1 and (
+            (v.index in used and not self.wide) or v.index in dot_b)] + self.cols
+        self.stage_offset = {}
+        off = 0
+        for v in self.staged:
+            self.stage_offset[v.index] = off
+            off += v.dim
+        self.stage_dims = off
+        self.formula_specs = self.orig + self.rows + self.cols + [
+            VarSpec(d.var.index, 1, "j") for d in plan.dots]
+        self.row_offset = {}
+        off = 0
+        for v in self.rows:
+            self.row_offset[v.index] = off
+            off += v.dim
+        self.n_row_values = off
+        self.row_of_node = {d.node: d.var.index for d in plan.rows}
+
+    def j_bytes(self, size: int) -> int:
+        """Bytes of j-data per column: staged, plus the dimension-1 j-variables read in place."""
+        raw = sum(v.dim for v in self.orig if v.cat == "j" and v.index not in self.stage_offset)
+        return max(1, (self.stage_dims + raw) * size)
+
+
+def _stage(L: _Layout) -> str:
+    """Copies (and columns) of the chunk [c0, c1) into S, zero-padded to ncp columns."""
+    dims = {v.index: v.dim for v in L.orig}
+    out = []
+    for v in L.staged:
+        k, d, off = v.index, v.dim, L.stage_offset[v.index]
+        if k in L.col_source:
+            s = L.col_source[k]
+            body = (f"T o[{d}]; lt_col{k}(P{s} + (c0 + jj) * {dims[s]}, o); "
+                    f"for (int q = 0; q < {d}; ++q) Y[q * JCH + jj] = o[q];")
+        else:
+            body = (f"const T* src = P{k} + (c0 + jj) * {d}; "
+                    f"for (int q = 0; q < {d}; ++q) Y[q * JCH + jj] = src[q];")
+        out.append(f"""    {{ T* Y = S + {off} * JCH;
+      for (int64_t jj = 0; jj < nc; ++jj) {{ {body} }}
+      for (int q = 0; q < {d}; ++q) for (int64_t jj = nc; jj < ncp; ++jj) Y[q * JCH + jj] = 0; }}""")
+    return "\n".join(out)
+
+
+def _row_block(L: _Layout, F: int, R: int) -> str:
+    """``lt_rows``: rows [i0, i1) against columns [jb, je) into ``accs``."""
+    ptr_args = ", ".join(f"const T* __restrict__ P{v.index}" for v in L.orig)
+    decl = [f"  alignas(64) T fb[{F} * TJ];"]
+    if L.stage_dims:
+        decl.append(f"  T* const S = lt_stage.get((size_t){L.stage_dims} * JCH);")
+        decl.append("  if (!S) return 1;")
+    if L.n_row_values:
+        decl.append(f"  T H[{R}][{L.n_row_values}];")
+    pack = []
+    for n, d in enumerate(L.dots):
+        decl.append(f"  alignas(64) T A{n}[{R} * {d.dim}];")
+        decl.append(f"  alignas(64) T G{n}[{R} * TJ];")
+        if d.a.op == "var":
+            src = f"P{d.a.index} + (ig + r) * {d.a.dim}"
+        else:
+            src = f"H[r] + {L.row_offset[L.row_of_node[d.a]]}"
+        norm = ""
+        if d.kind == "sqdist":
+            decl.append(f"  T nA{n}[{R}];")
+            norm = (f"\n        {{ T s = 0; for (int k = 0; k < {d.dim}; ++k) s += a[k] * a[k]; "
+                    f"nA{n}[r] = s; }}")
+        pack.append(f"""      for (int r = 0; r < {R}; ++r) {{
+        if (r < nr) {{ const T* a = {src}; for (int k = 0; k < {d.dim}; ++k) A{n}[r * {d.dim} + k] = a[k];{norm} }}
+        else for (int k = 0; k < {d.dim}; ++k) A{n}[r * {d.dim} + k] = 0;
+      }}""")
+    row_in = [v for v in L.orig if v.cat in ("i", "p")]
+    row_args = ", ".join(
+        [f"P{v.index} + (ig + r) * {v.dim}" if v.cat == "i" else f"P{v.index}" for v in row_in]
+        + ["H[r]"])
+    rowvals = f"      for (int r = 0; r < nr; ++r) lt_rowvals({row_args});" if L.n_row_values else ""
+    dots = []
+    for n, d in enumerate(L.dots):
+        b = f"S + {L.stage_offset[d.b]} * JCH + t0"
+        dots.append(f"        lt_dot{d.dim}(A{n}, {b}, nj, G{n});")
+        if d.kind == "sqdist":
+            nb = f"S + {L.stage_offset[d.norm_b]} * JCH + t0"
+            dots.append(f"        lt_sqdist{d.dim}(A{n}, nA{n}, {b}, {nb}, nr, nj, G{n});")
+    row_ptrs, jloads, call = [], [], []
+    for v in L.formula_specs:
+        k = v.index
+        if k in L.dot_index:
+            n = next(q for q, d in enumerate(L.dots) if d.var.index == k)
+            row_ptrs.append(f"          const T* g{k} = G{n} + r * TJ;")
+            jloads.append(f"            const T y{k}[1] = {{g{k}[jj]}};")
+            call.append(f"y{k}")
+        elif k in L.row_offset:
+            row_ptrs.append(f"          const T* v{k} = H[r] + {L.row_offset[k]};")
+            call.append(f"v{k}")
+        elif v.cat == "i":
+            row_ptrs.append(f"          const T* v{k} = P{k} + i * {v.dim};")
+            call.append(f"v{k}")
+        elif v.cat == "p":
+            call.append(f"P{k}")
+        elif k in L.stage_offset and (k in L.col_source or not L.wide):
+            row_ptrs.append(f"          const T* Y{k} = S + {L.stage_offset[k]} * JCH + t0;")
+            jloads.append(f"            T y{k}[{v.dim}]; for (int c = 0; c < {v.dim}; ++c) "
+                          f"y{k}[c] = Y{k}[c * JCH + jj];")
+            call.append(f"y{k}")
+        else:  # a j-variable of dimension 1 (or one the formula does not read): in place
+            jloads.append(f"            const T* y{k} = P{k} + (j0 + jj) * {v.dim};")
+            call.append(f"y{k}")
+    nl = "\n"
+    if L.wide:
+        # Vectors wider than WIDE: one pair at a time, each op of the formula a loop that
+        # vectorizes along the vector, and the reduction's push (also a vector loop).
+        pair_loop = f"""          for (int jj = 0; jj < nj; ++jj) {{
+{nl.join(jloads)}
+            T o[{F}];
+            lt_formula({", ".join(call)}, o);
+            accs[i - i0].push(o, j0 + jj);
+          }}"""
+    else:
+        pair_loop = f"""          // GCC ivdep, not omp simd: omp simd privatizes the local arrays before inlining
+          // and then fails to vectorize; with ivdep they are scalarized and it vectorizes.
+          #pragma GCC ivdep
+          for (int jj = 0; jj < nj; ++jj) {{
+{nl.join(jloads)}
+            T o[{F}];
+            lt_formula({", ".join(call)}, o);
+            for (int k = 0; k < {F}; ++k) fb[k * TJ + jj] = o[k];
+          }}
+          accs[i - i0].tile(fb, nj, j0);"""
+    return f"""
+// Rows [i0, i1) against columns [jb, je), chunk by chunk. Returns 1 when out of memory.
+static int lt_rows({ptr_args}, int64_t i0, int64_t i1, int64_t jb, int64_t je, Acc* accs) {{
+{nl.join(decl)}
+  for (int64_t i = i0; i < i1; ++i) accs[i - i0].init();
+  for (int64_t c0 = jb; c0 < je; c0 += JCH) {{
+    const int64_t c1 = (c0 + JCH < je) ? c0 + JCH : je, nc = c1 - c0;
+    const int64_t ncp = (nc + TJ - 1) / TJ * TJ;
+    (void)ncp;
+{_stage(L)}
+    for (int64_t ig = i0; ig < i1; ig += {R}) {{
+      const int nr = (int)((i1 - ig) < {R} ? (i1 - ig) : {R});
+{rowvals}
+{nl.join(pack)}
+      for (int64_t j0 = c0; j0 < c1; j0 += TJ) {{
+        const int nj = (int)((c1 - j0) < TJ ? (c1 - j0) : TJ);
+        const int64_t t0 = j0 - c0;
+        (void)t0;
+{nl.join(dots)}
+        for (int r = 0; r < nr; ++r) {{
+          const int64_t i = ig + r;
+{nl.join(row_ptrs)}
+{pair_loop}
+        }}
+      }}
+    }}
+  }}
+  return 0;
+}}
+"""
+
+
+def _item_pointers(L: _Layout) -> str:
+    out = []
+    for v in L.orig:
+        k, d = v.index, v.dim
+        rows = {"i": "c.N", "j": "c.M", "p": "1"}[v.cat]
+        out.append(f"c.base[{k}] + blk[{k}] * {rows} * {d}")
+    return ", ".join(out)
+
+
+def render_cpu_kernel(formula, var_specs, reduction: str, opts: dict, dtype: str,
+                      dot_tiling: bool | None = None) -> str:
+    """Complete C++ source of the CPU kernel ``lt_run`` (see the module docstring)."""
+    F = formula.dim
+    plan = plan_cpu(formula, max([v.index + 1 for v in var_specs] + [0]), dot_tiling)
+    L = _Layout(var_specs, plan)
+    size = 4 if dtype == "float32" else 8
+    R = 4 if L.dots else 1
+    tj = max(tile_size(F, dtype), 64) if L.dots else tile_size(F, dtype)
+    jch = max(tj, L2_CHUNK_BYTES // L.j_bytes(size) // tj * tj)
+    nv = max(1, L.n_orig)
+    src = [render_shared(plan.formula, L.formula_specs, reduction, opts, dtype, tj=tj,
+                         rename=cpu_renames)]
+    src.append("#ifdef _OPENMP\n#include <omp.h>\n#endif\n")
+    src.append(_vector_header())
+    src.append(f"static const int64_t JCH = {jch};  // columns per staged chunk\n")
+    if L.n_row_values:
+        row_in = [v for v in L.orig if v.cat in ("i", "p")]
+        src.append(render_function("lt_rowvals", [d.node for d in plan.rows], row_in, dtype,
+                                   cpu_renames, "static LT_INLINE"))
+    for d in plan.cols:
+        s = next(v for v in L.orig if v.index == d.source)
+        src.append(render_function(f"lt_col{d.var.index}", [d.node], [s], dtype, cpu_renames,
+                                   "static LT_INLINE"))
+    for D in sorted({d.dim for d in L.dots}):
+        src.append(_dot_kernel(D, R))
+    for D in sorted({d.dim for d in L.dots if d.kind == "sqdist"}):
+        src.append(_sqdist_fix(D))
+    src.append(_row_block(L, F, R))
+    src.append(f"""
+// Rows per work item: a multiple of {R}, the per-row accumulators within 64 KB of stack.
+enum {{ LT_MAX_IB = (sizeof(Acc) * {MAX_ROWS_PER_ITEM} <= 65536) ? {MAX_ROWS_PER_ITEM}
+        : (65536 / sizeof(Acc) >= {R} ? (int)(65536 / sizeof(Acc)) / {R} * {R} : {R}) }};
+
+struct LtCtx {{
+  const T* base[{nv}];
+  int64_t N, M, IB, nIB, JC, nJC;
+  int nbd;
+  const int64_t* bshape;
+  const int64_t* vbs;
+  void* const* outs;
+  Acc* part;
+}};
+
+static int lt_item(const LtCtx& c, int64_t w) {{
+  const int64_t jc = w % c.nJC, rest = w / c.nJC, ib = rest % c.nIB, b = rest / c.nIB;
+  int64_t blk[{nv}];
+  for (int v = 0; v < {nv}; ++v) blk[v] = 0;
+  for (int64_t k = c.nbd - 1, q = b; k >= 0; --k) {{
+    const int64_t idx = q % c.bshape[k]; q /= c.bshape[k];
+    for (int v = 0; v < {L.n_orig}; ++v) blk[v] += idx * c.vbs[v * c.nbd + k];
+  }}
+  const int64_t i0 = ib * c.IB, i1 = (i0 + c.IB < c.N) ? i0 + c.IB : c.N;
+  const int64_t jb = jc * c.JC, je = (jb + c.JC < c.M) ? jb + c.JC : c.M;
+  Acc accs[LT_MAX_IB];
+  if (lt_rows({_item_pointers(L)}, i0, i1, jb, je, accs)) return 1;
+  for (int64_t i = i0; i < i1; ++i) {{
+    if (c.nJC == 1) accs[i - i0].write(c.outs, b * c.N + i);
+    else c.part[(b * c.N + i) * c.nJC + jc] = accs[i - i0];
+  }}
+  return 0;
+}}
+
+static_assert(sizeof(void*) == sizeof(int64_t), "64-bit pointers");
+extern "C" int lt_run(const int64_t* args) {{
+  const int64_t N = args[0], M = args[1], jchunk = args[4];
+  const int nbd = (int)args[2];
+  int nthreads = (int)args[3];
+  const int64_t* bshape = (const int64_t*)(intptr_t)args[5];
+  const int64_t* vbs = (const int64_t*)(intptr_t)args[6];
+  const void* const* vars = (const void* const*)(args + 8);
+  void* const* outs = (void* const*)(args + 8 + {L.n_orig});
+  LtCtx c;
+  for (int v = 0; v < {nv}; ++v) c.base[v] = v < {L.n_orig} ? (const T*)vars[v] : 0;
+  if (nthreads < 1) nthreads = 1;
+  int64_t B = 1;
+  for (int k = 0; k < nbd; ++k) B *= bshape[k];
+  c.N = N; c.M = M; c.nbd = nbd; c.bshape = bshape; c.vbs = vbs; c.outs = outs; c.part = 0;
+  int64_t IB = N / (8 * nthreads) + 1;
+  if (IB > LT_MAX_IB) IB = LT_MAX_IB;
+  IB = (IB + {R - 1}) / {R} * {R};
+  c.IB = IB;
+  c.nIB = (N + IB - 1) / IB;
+  const int64_t JC = (jchunk > 0 && jchunk < M) ? (jchunk + TJ - 1) / TJ * TJ : (M > 0 ? M : 1);
+  c.JC = JC;
+  c.nJC = (M + JC - 1) / JC > 0 ? (M + JC - 1) / JC : 1;
+  const int64_t nrows = B * N;
+  if (c.nJC > 1) {{
+    c.part = (Acc*)malloc(sizeof(Acc) * (size_t)(nrows * c.nJC));
+    if (!c.part) return 1;
+  }}
+  const int64_t W = B * c.nIB * c.nJC;
+  int status = 0;
+  if (nthreads > 1 && W > 1) {{
+    #pragma omp parallel num_threads(nthreads < W ? nthreads : (int)W) reduction(|:status)
+    {{
+      LtFtz ftz;
+      #pragma omp for schedule(dynamic, 1)
+      for (int64_t w = 0; w < W; ++w) status |= lt_item(c, w);
+    }}
+  }} else {{
+    LtFtz ftz;
+    for (int64_t w = 0; w < W; ++w) status |= lt_item(c, w);
+  }}
+  if (c.nJC > 1 && !status) {{
+    #pragma omp parallel num_threads(nthreads) if (nthreads > 1 && nrows > 64)
+    {{
+      LtFtz ftz;
+      #pragma omp for
+      for (int64_t r = 0; r < nrows; ++r) {{
+        Acc a = c.part[r * c.nJC];
+        for (int64_t q = 1; q < c.nJC; ++q) a.merge(c.part[r * c.nJC + q]);
+        a.write(outs, r);
+      }}
+    }}
+  }}
+  free(c.part);
+  return status;
+}}
+""")
+    return "".join(src)
