@@ -649,13 +649,9 @@ def _leaf_lazy(key):
     return {"i": Vi, "j": Vj, "p": lambda x: LazyTensor(x, axis=2)}[cat](a)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sympy's derivative of sin(x)/x, cos(x)/x - sin(x)/x**2, is "
-    "NaN at x = 0 (found by test_torch_gradients_equal_dense_autograd); "
-    "the limit is 0",
-)
 def test_sinxdivx_gradient_at_zero():
+    """Found by test_torch_gradients_equal_dense_autograd: sympy's derivative of sin(x)/x,
+    cos(x)/x - sin(x)/x**2, is NaN at x = 0 (the limit is 0)."""
     x = torch.tensor([[0.0], [1.0]], dtype=torch.float64, requires_grad=True)
     y = torch.ones(3, 1, dtype=torch.float64)
     ((Vi(x) * Vj(y)).sinxdivx().sum(dim=1)).sum().backward()
