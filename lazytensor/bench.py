@@ -308,7 +308,8 @@ def gauss_table(D: int, sizes: list, args, roofline=None) -> Table:
     if KLT is not None:  # compile pykeops's kernel before timing it
         t0 = time.perf_counter()
         keops_gauss(KLT, *_data(64, 64, D))
-        t.note += f" pykeops: first call (compile) {_fmt_time(time.perf_counter() - t0)}."
+        t.note += (f" pykeops: first call {_fmt_time(time.perf_counter() - t0)} (its compile, "
+                   "unless its cache had the kernel).")
     per_pair: dict = {}
     for n in sizes:
         estimates = {k: v * n * n for k, v in per_pair.items()}
