@@ -95,12 +95,6 @@ def show(node) -> str:
     return f"{node.name}({', '.join(show(a) for a in node.args)}{'; ' + params if params else ''})"
 
 
-def ops_of(node) -> set:
-    if not isinstance(node, Apply):
-        return set()
-    return {node.name}.union(*[ops_of(a) for a in node.args])
-
-
 def leaves_of(node, found=None) -> set:
     found = set() if found is None else found
     if isinstance(node, Leaf):
@@ -587,8 +581,6 @@ def dense_reduction(p: Problem, values, weight):
 def test_torch_gradients_equal_dense_autograd(p):
     note(repr(p))
     assume(leaves_of(p.tree))
-    # Known bug (test_sinxdivx_gradient_at_zero): remove this line once it is fixed.
-    assume("sinxdivx" not in ops_of(p.tree))
     data, leaves = make_data(p, "torch")
     tensors = list(data.values())
     with np.errstate(all="ignore"):
