@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import torch
 
-from codegen import diff, ir, ops
+from codegen import diff, ir
 
+from .autograd import _concat
 from .engine import ReductionCall, execute
 
 GRAD_MODES = ("auto", "symbolic", "dual")
@@ -73,20 +74,15 @@ def tangent_formulas(F: ir.Node, call: ReductionCall, ks: list[int]) -> list[ir.
     return out
 
 
-def _concat(nodes):
-    out = nodes[0]
-    for n in nodes[1:]:
-        out = ops.apply("concat", out, n)
-    return out
-
-
 def fused_call(call: ReductionCall, ks: list[int]) -> ReductionCall:
-    """The forward call that also accumulates the tangents."""
-    tangents = tangent_formulas(call.formula, call, ks)
+    """The forward call that also accumulates the tangents.
+
+    Sum: ``concat(F, ∂F...)`` summed. LogSumExp: the same formula read as ``f`` and the
+    weights ``∂f`` of a softmax-weighted sum, whose second output is the log-sum-exp.
+    """
+    formula = _concat([call.formula, *tangent_formulas(call.formula, call, ks)])
     if call.reduction == "sum":
-        formula = _concat([call.formula, *tangents])
         return call.with_formula(formula, call.cats, call.dims, "sum", call.opts)
-    formula = _concat([call.formula, *tangents])  # logsumexp: f then the weights ∂f
     return call.with_formula(formula, call.cats, call.dims, "sumsoftmaxweight", ())
 
 
