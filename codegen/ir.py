@@ -126,11 +126,23 @@ def make(op: str, args: Iterable[Node] = (), params: Iterable = (), dim: int = 1
         return node
 
 
+# Variables are built on every LazyTensor construction and reduction call: they are
+# looked up here first (few distinct ones, kept alive for the process).
+_vars: dict = {}
+
+
 def var(index: int, dim: int, cat: str) -> Node:
     """A variable: ``cat`` is ``"i"`` (indexed by i), ``"j"`` (by j) or ``"p"`` (parameter)."""
+    key = (index, dim, cat)
+    node = _vars.get(key) if type(index) is int and type(dim) is int else None
+    if node is not None:
+        return node
     if cat not in CATS:
         raise ValueError(f"variable category must be one of {CATS}, got {cat!r}")
-    return make("var", (), (int(index), cat), dim)
+    node = make("var", (), (int(index), cat), dim)
+    if type(index) is int and type(dim) is int and len(_vars) < 65536:
+        _vars[key] = node
+    return node
 
 
 def const(values) -> Node:

@@ -38,10 +38,10 @@ class Variable:
     cat: str
     dim: int
     label: str = ""
+    is_scalar: bool = field(init=False, repr=False)  # a Python number (read on every call)
 
-    @property
-    def is_scalar(self) -> bool:
-        return isinstance(self.data, (int, float))
+    def __post_init__(self):
+        self.is_scalar = isinstance(self.data, (int, float))
 
     @property
     def shape(self) -> tuple:

@@ -60,6 +60,9 @@ def _canonical(x, axis):
     )
 
 
+_matmul_formulas: dict = {}  # (K's formula, v's variable index, v's dim) -> K * v_j
+
+
 def _as_array(x):
     if is_torch(x) or isinstance(x, np.ndarray):
         return x
@@ -255,7 +258,19 @@ class LazyTensor:
             raise ValueError("K @ v needs v of shape (M,) or (M, E) (or (*batch, M, E)), got a 0D array")
         # (M, E) and (M,) are j-variables as they are (no views to make and undo)
         vj = LazyTensor(v, axis=1) if v.ndim <= 2 else LazyTensor(v[..., None, :, :])
-        prod = self * vj  # a batched v adds batch dimensions: reduce over j of the product
+        if any(w.data is vj.variables[0].data for w in self.variables):
+            prod = self * vj  # v is one of K's variables: merge them
+        else:  # the usual case, on every iteration of a solver: K * v_j from a cache
+            n, E = len(self.variables), vj.formula.dim
+            key = (self.formula, n, E)
+            formula = _matmul_formulas.get(key)
+            if formula is None:
+                if len(_matmul_formulas) > 1024:
+                    _matmul_formulas.clear()
+                formula = _matmul_formulas[key] = ops.apply("mul", self.formula,
+                                                            ir.var(n, E, "j"))
+            prod = LazyTensor._new(formula, self.variables + vj.variables)
+        # a batched v adds batch dimensions: reduce over j of the product
         out = prod.sum(dim=prod.nbatchdims + 1, **kwargs)
         return out[..., 0] if v.ndim == 1 else out  # as pykeops: a vector v gives a vector
 

@@ -308,6 +308,21 @@ def test_matmul_batched_and_errors(rng):
     np.testing.assert_allclose(out, Kd[0] @ v[0], rtol=1e-12)
 
 
+def test_matmul_reused_kernel_and_shared_variable(rng):
+    """K @ v caches K * v_j per (K, dim of v): fresh v of other widths, and a v that is one
+    of K's own variables (merged, not duplicated), all give the dense result."""
+    x, y = rng.standard_normal((40, 1)), rng.standard_normal((30, 1))
+    b = rng.standard_normal((30, 1))
+    K = (-Vi(x).sqdist(Vj(y)) - Vj(b)).exp()
+    Kd = np.exp(-((x - y.T) ** 2) - b.T)
+    for E in (1, 3, 1, 2):
+        v = rng.standard_normal((30, E))
+        np.testing.assert_allclose(K @ v, Kd @ v, rtol=1e-12)
+    np.testing.assert_allclose(K @ b, Kd @ b, rtol=1e-12)  # b is K's own j-variable
+    np.testing.assert_allclose(K @ y, Kd @ y, rtol=1e-12)
+    np.testing.assert_allclose((K * 2.0) @ b, 2 * Kd @ b, rtol=1e-12)
+
+
 def test_reduction_aliases(rng):
     x, y = rng.standard_normal((8, 2)), rng.standard_normal((9, 2))
     w = rng.uniform(0.1, 1, (9, 2))
