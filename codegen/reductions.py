@@ -128,6 +128,52 @@ LT_HD LT_INLINE bool lt_kbetter(T a, int64_t ia, T b, int64_t ib, bool want_min)
 """
 
 
+# Which of n <= 64 terms are better than a threshold, as bits: the K-selections test each
+# block of a tile this way (NaN never is). GCC's vector compares give the bits directly
+# (the intrinsics' header alone would add ~0.4 s to every compile); elsewhere, a loop.
+_KMASK = """
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && defined(__x86_64__) \\
+    && (defined(__AVX512F__) || defined(__AVX__))
+#if defined(__AVX512F__)
+typedef float lt_kf __attribute__((vector_size(64)));
+typedef double lt_kd __attribute__((vector_size(64)));
+#define LT_KCMP_F(a, b) (uint64_t)__builtin_ia32_cmpps512_mask(a, b, 17, (unsigned short)-1, 4)
+#define LT_KCMP_D(a, b) (uint64_t)__builtin_ia32_cmppd512_mask(a, b, 17, (unsigned char)-1, 4)
+#else
+typedef float lt_kf __attribute__((vector_size(32)));
+typedef double lt_kd __attribute__((vector_size(32)));
+#define LT_KCMP_F(a, b) (uint64_t)(unsigned)__builtin_ia32_movmskps256(__builtin_ia32_cmpps256(a, b, 17))
+#define LT_KCMP_D(a, b) (uint64_t)(unsigned)__builtin_ia32_movmskpd256(__builtin_ia32_cmppd256(a, b, 17))
+#endif
+#define LT_KMASK_VEC(VT, CMP)                                                      \\
+  enum { W = sizeof(VT) / sizeof(t) };                                           \\
+  VT tv = {}; tv += t;                                                           \\
+  for (; q + W <= n; q += W) {                                                   \\
+    VT a; memcpy(&a, f + q, sizeof(VT));                                         \\
+    m |= (want_min ? CMP(a, tv) : CMP(tv, a)) << q;                              \\
+  }
+static inline uint64_t lt_kmask(const float* f, int n, float t, bool want_min) {
+  uint64_t m = 0; int q = 0;
+  LT_KMASK_VEC(lt_kf, LT_KCMP_F)
+  for (; q < n; ++q) m |= (uint64_t)(want_min ? f[q] < t : f[q] > t) << q;
+  return m;
+}
+static inline uint64_t lt_kmask(const double* f, int n, double t, bool want_min) {
+  uint64_t m = 0; int q = 0;
+  LT_KMASK_VEC(lt_kd, LT_KCMP_D)
+  for (; q < n; ++q) m |= (uint64_t)(want_min ? f[q] < t : f[q] > t) << q;
+  return m;
+}
+#else
+static inline uint64_t lt_kmask(const T* f, int n, T t, bool want_min) {
+  uint64_t m = 0;
+  for (int q = 0; q < n; ++q) m |= (uint64_t)(want_min ? f[q] < t : f[q] > t) << q;
+  return m;
+}
+#endif
+"""
+
+
 class _Select(Reduction):
     want_min = True
     with_value = True
@@ -243,7 +289,7 @@ class _KSelect(Reduction):
             writes.append(_write(0, "value", K * F, f"v[(k % {F}) * {K} + k / {F}]"))
         if self.with_index:
             writes.append(_write(len(writes), "index", K * F, f"i[(k % {F}) * {K} + k / {F}]"))
-        return _BETTER + f"""
+        return _BETTER + _KMASK + f"""
 struct Acc {{
   T v[{F * K}]; int64_t i[{F * K}];   // per component c: v[c*K .. c*K+K) sorted best first
   LT_HD LT_INLINE void init() {{ for (int k = 0; k < {F * K}; ++k) {{ v[k] = {init_v}; i[k] = -1; }} }}
@@ -256,8 +302,9 @@ struct Acc {{
   }}
   LT_HD LT_INLINE void push(const T* f, int64_t j) {{ for (int c = 0; c < {F}; ++c) insert(c, f[c], j); }}
   // Once the K slots are full (and the worst is not NaN), a vectorized pass over a block
-  // of 32 terms marks those strictly better than the worst kept, and only they are
-  // inserted: the terms of a tile come after every kept index, so a tie never enters.
+  // of 64 terms asks whether any is strictly better than the worst kept (NaN never is);
+  // most blocks hold none and cost that pass alone. The others are scanned in order:
+  // the terms of a tile come after every kept index, so a tie never enters.
   LT_INLINE void tile(const T* fb, int nj, int64_t j0) {{
     for (int c = 0; c < {F}; ++c) {{
       const T* f = fb + c * TJ;
@@ -265,14 +312,19 @@ struct Acc {{
       while (jj < nj) {{
         const T thr = v[c * {K} + {K - 1}];
         if (i[c * {K} + {K - 1}] < 0 || thr != thr) {{ insert(c, f[jj], j0 + jj); ++jj; continue; }}
-        const int e = jj + 32 < nj ? jj + 32 : nj;
-        uint32_t bits = 0;  // terms better than the worst kept, found vectorized
-        _Pragma("omp simd reduction(|:bits)")
-        for (int q = jj; q < e; ++q) bits |= (uint32_t)(f[q] {"<" if self.want_min else ">"} thr) << (q - jj);
+        const int e = jj + 64 < nj ? jj + 64 : nj;
+        uint64_t bits = lt_kmask(f + jj, e - jj, thr, {wm});
+        // Here the slots are full, hold no NaN, and every kept index is below j0: a term
+        // better than the worst moves up past the strictly worse ones, ties stay ahead.
+        T* vc = v + c * {K}; int64_t* ic = i + c * {K};
         while (bits) {{
-          const int q = jj + __builtin_ctz(bits);
+          const int q = jj + __builtin_ctzll(bits);
           bits &= bits - 1;
-          if (f[q] {"<" if self.want_min else ">"} v[c * {K} + {K - 1}]) insert(c, f[q], j0 + q);
+          const T x = f[q];
+          if (!(x {"<" if self.want_min else ">"} vc[{K - 1}])) continue;
+          int p = {K - 1};
+          while (p > 0 && x {"<" if self.want_min else ">"} vc[p - 1]) {{ vc[p] = vc[p - 1]; ic[p] = ic[p - 1]; --p; }}
+          vc[p] = x; ic[p] = j0 + q;
         }}
         jj = e;
       }}

@@ -343,28 +343,44 @@ def _gauss_contenders(data, args, roofline, KLT) -> dict:
     return cont
 
 
-def _reduction_contenders(name: str, data, args) -> dict:
+def _reduction_contenders(name: str, data, args, KLT=None) -> dict:
     from lazytensor import Vi, Vj
 
     x, y, _, s2 = data
     if name.startswith("argKmin"):
-        return {"ours": lambda: Vi(x).sqdist(Vj(y)).argKmin(10, dim=1),
+        cont = {"ours": lambda: Vi(x).sqdist(Vj(y)).argKmin(10, dim=1),
                 "torch": lambda: torch_argkmin(x, y, 10, args.dense_mb << 20)}
-    return {"ours": lambda: (-Vi(x).sqdist(Vj(y)) / s2).logsumexp(dim=1),
+        if KLT is not None:
+            cont["keops"] = lambda: (((KLT(x[:, None, :]) - KLT(y[None, :, :])) ** 2).sum(-1)
+                                     .argKmin(10, dim=1))
+        return cont
+    cont = {"ours": lambda: (-Vi(x).sqdist(Vj(y)) / s2).logsumexp(dim=1),
             "torch": lambda: torch_lse(x, y, s2, args.dense_mb << 20)}
+    if KLT is not None:
+        cont["keops"] = lambda: ((-((KLT(x[:, None, :]) - KLT(y[None, :, :])) ** 2).sum(-1) / s2)
+                                 .logsumexp(dim=1))
+    return cont
 
 
 def reductions_table(args, sizes) -> Table:
-    t = _start(Table("argKmin (K = 10) and LogSumExp, float32", ["reduction", "D", "N = M",
-                                                                  "lazytensor", "torch dense"],
-                     "torch: chunked |x|²+|y|²-2xyᵀ then topk / logsumexp."))
+    KLT, why = _pykeops()
+    t = _start(Table("argKmin (K = 10) and LogSumExp, float32",
+                     ["reduction", "D", "N = M", "lazytensor", "torch dense", "pykeops"],
+                     "torch: chunked |x|²+|y|²-2xyᵀ then topk / logsumexp; pykeops: the same "
+                     "formula as a pykeops LazyTensor" + (f" ({why})" if KLT is None else "")
+                     + "; ×: its time / ours."))
     for name, D in (("argKmin K=10", 3), ("argKmin K=10", 64), ("LogSumExp", 3), ("LogSumExp", 64)):
         per_pair: dict = {}
+        if KLT is not None:  # compile pykeops's kernel outside the timings
+            small = _data(200, 200, D)
+            _reduction_contenders(name, small, args, KLT)["keops"]()
         for n in sizes:
-            res = compare(_reduction_contenders(name, _data(n, n, D), args), args.rounds,
+            res = compare(_reduction_contenders(name, _data(n, n, D), args, KLT), args.rounds,
                           args.budget, {k: v * n * n for k, v in per_pair.items()})
             per_pair.update({k: r[0] / (n * n) for k, r in res.items() if isinstance(r, tuple)})
-            t.add(name, D, f"{n:,}", _cell(res["ours"], n * n, True), _cell(res["torch"], n * n))
+            keops = _cell(res["keops"], n * n) if "keops" in res else "—"
+            t.add(name, D, f"{n:,}", _cell(res["ours"], n * n, True), _cell(res["torch"], n * n),
+                  keops)
     return t
 
 

@@ -238,6 +238,26 @@ def test_ties_go_to_the_lowest_index(name, dtype, axis, rng):
         np.testing.assert_array_equal(np.asarray(out), ref.astype(out.dtype))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("K", [1, 7, 64, 100])
+def test_kmin_blocks_with_ties_nans_and_descending_runs(K, dtype, rng):
+    """The K-selections test blocks of 64 terms at once against the worst kept value: runs
+    that improve at every step (descending), exact ties, NaN, tile and block tails."""
+    M = 2000
+    y = rng.integers(0, 50, (M, 1)).astype(dtype)
+    y[:300, 0] = np.arange(300, 0, -1)  # every term better than the last: constant insertions
+    y[rng.random(M) < 0.02] = np.nan
+    x = rng.integers(-3, 4, (37, 1)).astype(dtype)
+    x[0] = 0  # a row of ties only (and NaN)
+    F = (Vi(x) - Vj(y)) ** 2
+    V = (x.astype(np.float64)[:, None, :] - y.astype(np.float64)[None, :, :]) ** 2
+    vals, idx = F.Kmin_argKmin(K, dim=1, backend="cpu")
+    want_i = np.argsort(V[..., 0], axis=1, kind="stable")[:, :K]  # NaN last, ties by index
+    want_v = np.take_along_axis(V[..., 0], want_i, axis=1)
+    np.testing.assert_array_equal(idx, want_i)
+    np.testing.assert_array_equal(vals, want_v.astype(dtype))
+
+
 def test_argkmin_all_equal_values_gives_first_indices():
     x = np.zeros((5, 1))
     y = np.zeros((9, 1))
