@@ -52,7 +52,15 @@ def _vector_header() -> str:
 #define LT_VB 16
 #endif
 typedef T lt_vec __attribute__((vector_size(LT_VB)));
-enum { LT_W = LT_VB / (int)sizeof(T), LT_JV = LT_VB == 64 ? 4 : 2 };
+// Dot products: blocks of LT_R rows x panels of LT_NR = 2 vectors of columns, so that the
+// LT_R x 2 accumulators, the 2 vectors of B and a broadcast fill the registers (32 with
+// AVX-512, 16 below). LT_R is also the row block of kernels with dot products.
+#if LT_VB == 64
+#define LT_R 12
+#else
+#define LT_R 6
+#endif
+enum { LT_W = LT_VB / (int)sizeof(T), LT_NR = 2 * LT_W };
 #if defined(__x86_64__) || defined(__i386__)
 // Denormals flushed to zero, and read as zero, while a kernel runs (restored after).
 struct LtFtz {
@@ -82,35 +90,54 @@ static thread_local LtStage lt_stage;
 """
 
 
-def _dot_kernel(D: int, R: int) -> str:
-    """G[r*TJ + jj] = Σ_k A[r*D + k] B[k*JCH + jj]: LT_R x (LT_JV vectors) in registers."""
+def _dot_micro() -> str:
+    """The micro-kernel of the dot products, shared by every dimension."""
+    return """
+// G[r*TJ + jj] = sum_k A[k*LT_R + r] B[k*LT_NR + jj] for RR rows and one panel of LT_NR
+// columns: A is the row block packed k-major, B a panel packed k-major (both read with
+// unit stride, the panel from L2, the block from L1). The RR x 2 accumulators stay in
+// registers, each vector of B serves RR rows.
+template <int RR, int KD>
+static LT_INLINE void lt_mk(const T* __restrict__ A, const T* __restrict__ B,
+                            T* __restrict__ G) {
+  lt_vec acc[RR][2];
+  #pragma GCC unroll 16
+  for (int r = 0; r < RR; ++r) acc[r][0] = acc[r][1] = lt_vec{};
+  #pragma GCC unroll 2
+  for (int k = 0; k < KD; ++k) {
+    lt_vec b0, b1;
+    memcpy(&b0, B + k * LT_NR, LT_VB);
+    memcpy(&b1, B + k * LT_NR + LT_W, LT_VB);
+    #pragma GCC unroll 16
+    for (int r = 0; r < RR; ++r) {
+      const T a = A[k * LT_R + r];
+      acc[r][0] += a * b0;
+      acc[r][1] += a * b1;
+    }
+  }
+  #pragma GCC unroll 16
+  for (int r = 0; r < RR; ++r) {
+    memcpy(G + r * TJ, &acc[r][0], LT_VB);
+    memcpy(G + r * TJ + LT_W, &acc[r][1], LT_VB);
+  }
+}
+"""
+
+
+def _dot_kernel(D: int) -> str:
+    """G[r*TJ + jj] = Σ_k A_r[k] B_jj[k] for the ``nr`` rows of a block and a tile."""
     return f"""
-// Dot products of {R} rows (A, packed row-major) with a tile of columns (B, one
-// component per run of JCH): the {R} x LT_JV accumulators stay in registers, each load
-// of B serves {R} rows. Whole vectors are computed (B is zero-padded, G holds TJ).
-static LT_INLINE void lt_dot{D}(const T* __restrict__ A, const T* __restrict__ B, int nj,
-                               T* __restrict__ G) {{
-  for (int jv = 0; jv < nj; jv += LT_JV * LT_W) {{
-    lt_vec acc[{R}][LT_JV];
-    #pragma GCC unroll 16
-    for (int r = 0; r < {R}; ++r)
-      #pragma GCC unroll 16
-      for (int q = 0; q < LT_JV; ++q) acc[r][q] = lt_vec{{}};
-    for (int k = 0; k < {D}; ++k) {{
-      lt_vec b[LT_JV];
-      #pragma GCC unroll 16
-      for (int q = 0; q < LT_JV; ++q) memcpy(&b[q], B + k * JCH + jv + q * LT_W, LT_VB);
-      #pragma GCC unroll 16
-      for (int r = 0; r < {R}; ++r) {{
-        const T a = A[r * {D} + k];
-        #pragma GCC unroll 16
-        for (int q = 0; q < LT_JV; ++q) acc[r][q] += a * b[q];
-      }}
-    }}
-    #pragma GCC unroll 16
-    for (int r = 0; r < {R}; ++r)
-      #pragma GCC unroll 16
-      for (int q = 0; q < LT_JV; ++q) memcpy(G + r * TJ + jv + q * LT_W, &acc[r][q], LT_VB);
+// Dot products of the nr rows of a block (A, packed k-major) with a tile of nj columns (B,
+// panels of LT_NR columns packed k-major, zero-padded): whole panels are computed (G holds
+// TJ columns). A partial block goes by 4 rows and then single rows, not by LT_R.
+static void lt_dot{D}(const T* __restrict__ A, const T* __restrict__ B, int nr, int nj,
+                      T* __restrict__ G) {{
+  for (int p = 0; p < nj; p += LT_NR) {{
+    const T* Bp = B + p * {D};
+    if (nr == LT_R) {{ lt_mk<LT_R, {D}>(A, Bp, G + p); continue; }}
+    int r = 0;
+    for (; r + 4 <= nr; r += 4) lt_mk<4, {D}>(A + r, Bp, G + r * TJ + p);
+    for (; r < nr; ++r) lt_mk<1, {D}>(A + r, Bp, G + r * TJ + p);
   }}
 }}
 """
@@ -120,7 +147,8 @@ def _sqdist_fix(D: int) -> str:
     """d = max(|a|² + |b|² - 2 G, 0) in place, and the near-duplicates recomputed directly."""
     return f"""
 // |A_r - B_j|² from the dot products G; where it is below (|A_r|² + |B_j|²) / 16 the
-// subtraction has cancelled most digits, so those pairs are recomputed directly.
+// subtraction has cancelled most digits, so those pairs are recomputed directly (A and B
+// packed as for lt_dot{D}).
 static LT_INLINE void lt_sqdist{D}(const T* __restrict__ A, const T* __restrict__ nA,
                                   const T* __restrict__ B, const T* __restrict__ nB,
                                   int nr, int nj, T* __restrict__ G) {{
@@ -139,8 +167,9 @@ static LT_INLINE void lt_sqdist{D}(const T* __restrict__ A, const T* __restrict_
     if (!near) continue;
     for (int jj = 0; jj < nj; ++jj) {{
       if (!(g[jj] < (na + nB[jj]) * (T)0.0625)) continue;
+      const T* b = B + jj / LT_NR * (LT_NR * {D}) + jj % LT_NR;
       T e = 0;
-      for (int k = 0; k < {D}; ++k) {{ const T t = A[r * {D} + k] - B[k * JCH + jj]; e += t * t; }}
+      for (int k = 0; k < {D}; ++k) {{ const T t = A[k * LT_R + r] - b[k * LT_NR]; e += t * t; }}
       g[jj] = e;
     }}
   }}
@@ -160,20 +189,30 @@ class _Layout:
         self.dots = list(plan.dots)
         self.dot_index = {d.var.index for d in plan.dots}
         used = {v.index for v in ir.variables(plan.formula)}
+        used |= {d.norm_b for d in plan.dots}
         dot_b = {d.b for d in plan.dots}
         # wide: the pair loop is vectorized along the vector dimension (see _row_block)
         self.wide = plan.formula.dim > WIDE or any(
             v.dim > WIDE for v in self.orig if v.index in used)
-        # staged: j-variables read component-wise (by the pair loop unless wide, by a dot
-        # product), and columns
-        self.staged = [v for v in self.orig if v.cat == "j" and v.dim > 1 and (
-            (v.index in used and not self.wide) or v.index in dot_b)] + self.cols
+        # staged: j-variables read component-wise by the pair loop (unless wide), and the
+        # columns it reads (S[k * JCH + j])
+        self.staged = [v for v in self.orig if v.cat == "j" and v.dim > 1
+                       and v.index in used and not self.wide]
+        self.staged += [v for v in self.cols if v.index in used]
         self.stage_offset = {}
         off = 0
         for v in self.staged:
             self.stage_offset[v.index] = off
             off += v.dim
         self.stage_dims = off
+        # packed: the j-side operands of dot products, in panels of LT_NR columns, each
+        # panel k-major (see lt_dot), after the staged values in the same buffer
+        self.packed = [v for v in self.orig + self.cols if v.index in dot_b]
+        self.pack_offset = {}
+        for v in self.packed:
+            self.pack_offset[v.index] = off
+            off += v.dim
+        self.buffer_dims = off
         self.formula_specs = self.orig + self.rows + self.cols + [
             VarSpec(d.var.index, 1, "j") for d in plan.dots]
         self.row_offset = {}
@@ -186,26 +225,39 @@ class _Layout:
 
     def j_bytes(self, size: int) -> int:
         """Bytes of j-data per column: staged, plus the dimension-1 j-variables read in place."""
-        raw = sum(v.dim for v in self.orig if v.cat == "j" and v.index not in self.stage_offset)
-        return max(1, (self.stage_dims + raw) * size)
+        raw = sum(v.dim for v in self.orig if v.cat == "j" and v.index not in self.stage_offset
+                  and v.index not in self.pack_offset)
+        return max(1, (self.buffer_dims + raw) * size)
 
 
 def _stage(L: _Layout) -> str:
-    """Copies (and columns) of the chunk [c0, c1) into S, zero-padded to ncp columns."""
+    """Copies (and columns) of the chunk [c0, c1) into S, zero-padded to ncp columns:
+    staged ones at ``S[(off + k) * JCH + j]``, packed ones in panels of LT_NR columns."""
     dims = {v.index: v.dim for v in L.orig}
     out = []
-    for v in L.staged:
-        k, d, off = v.index, v.dim, L.stage_offset[v.index]
+    for v in L.staged + [v for v in L.packed if v.index not in L.stage_offset]:
+        k, d = v.index, v.dim
         if k in L.col_source:
             s = L.col_source[k]
-            body = (f"T o[{d}]; lt_col{k}(P{s} + (c0 + jj) * {dims[s]}, o); "
-                    f"for (int q = 0; q < {d}; ++q) Y[q * JCH + jj] = o[q];")
+            body = [f"T o[{d}]; lt_col{k}(P{s} + (c0 + jj) * {dims[s]}, o);"]
+            src = "o"
         else:
-            body = (f"const T* src = P{k} + (c0 + jj) * {d}; "
-                    f"for (int q = 0; q < {d}; ++q) Y[q * JCH + jj] = src[q];")
-        out.append(f"""    {{ T* Y = S + {off} * JCH;
-      for (int64_t jj = 0; jj < nc; ++jj) {{ {body} }}
-      for (int q = 0; q < {d}; ++q) for (int64_t jj = nc; jj < ncp; ++jj) Y[q * JCH + jj] = 0; }}""")
+            body = [f"const T* src = P{k} + (c0 + jj) * {d};"]
+            src = "src"
+        pad = []
+        if k in L.stage_offset:
+            body.append(f"T* Y = S + {L.stage_offset[k]} * JCH + jj; "
+                        f"for (int q = 0; q < {d}; ++q) Y[q * JCH] = {src}[q];")
+            pad.append(f"{{ T* Y = S + {L.stage_offset[k]} * JCH; for (int q = 0; q < {d}; ++q) "
+                       f"for (int64_t jj = nc; jj < ncp; ++jj) Y[q * JCH + jj] = 0; }}")
+        if k in L.pack_offset:
+            body.append(f"T* Z = S + {L.pack_offset[k]} * JCH + jj / LT_NR * (LT_NR * {d}) "
+                        f"+ jj % LT_NR; for (int q = 0; q < {d}; ++q) Z[q * LT_NR] = {src}[q];")
+            pad.append(f"for (int64_t jj = nc; jj < ncp; ++jj) {{ T* Z = S + {L.pack_offset[k]} "
+                       f"* JCH + jj / LT_NR * (LT_NR * {d}) + jj % LT_NR; "
+                       f"for (int q = 0; q < {d}; ++q) Z[q * LT_NR] = 0; }}")
+        out.append(f"    for (int64_t jj = 0; jj < nc; ++jj) {{ {' '.join(body)} }}")
+        out.extend(f"    {p}" for p in pad)
     return "\n".join(out)
 
 
@@ -213,14 +265,20 @@ def _row_block(L: _Layout, F: int, R: int) -> str:
     """``lt_rows``: rows [i0, i1) against columns [jb, je) into ``accs``."""
     ptr_args = ", ".join(f"const T* __restrict__ P{v.index}" for v in L.orig)
     decl = [f"  alignas(64) T fb[{F} * TJ];"]
-    if L.stage_dims:
-        decl.append(f"  T* const S = lt_stage.get((size_t){L.stage_dims} * JCH);")
+    # the work buffer: the chunk's staged and packed j-data, then (with dot products) the
+    # packed row blocks and the row values, which could be too large for the stack
+    extra = [f"{R} * {d.dim}" for d in L.dots]
+    if L.dots and L.n_row_values:
+        extra.append(f"{R} * {L.n_row_values}")
+    if L.buffer_dims or extra:
+        size = " + ".join([f"(size_t){L.buffer_dims} * JCH"] + extra)
+        decl.append(f"  T* const S = lt_stage.get({size});")
         decl.append("  if (!S) return 1;")
-    if L.n_row_values:
-        decl.append(f"  T H[{R}][{L.n_row_values}];")
+    at = f"S + (size_t){L.buffer_dims} * JCH"
     pack = []
     for n, d in enumerate(L.dots):
-        decl.append(f"  alignas(64) T A{n}[{R} * {d.dim}];")
+        decl.append(f"  T* const A{n} = {at};")
+        at = f"A{n} + {R} * {d.dim}"
         decl.append(f"  alignas(64) T G{n}[{R} * TJ];")
         if d.a.op == "var":
             src = f"P{d.a.index} + (ig + r) * {d.a.dim}"
@@ -229,12 +287,18 @@ def _row_block(L: _Layout, F: int, R: int) -> str:
         norm = ""
         if d.kind == "sqdist":
             decl.append(f"  T nA{n}[{R}];")
-            norm = (f"\n        {{ T s = 0; for (int k = 0; k < {d.dim}; ++k) s += a[k] * a[k]; "
-                    f"nA{n}[r] = s; }}")
-        pack.append(f"""      for (int r = 0; r < {R}; ++r) {{
-        if (r < nr) {{ const T* a = {src}; for (int k = 0; k < {d.dim}; ++k) A{n}[r * {d.dim} + k] = a[k];{norm} }}
-        else for (int k = 0; k < {d.dim}; ++k) A{n}[r * {d.dim} + k] = 0;
+            norm = f" s += a[k] * a[k];"
+        pack.append(f"""      for (int r = 0; r < nr; ++r) {{
+        const T* a = {src};
+        T s = 0;
+        for (int k = 0; k < {d.dim}; ++k) {{ A{n}[k * {R} + r] = a[k];{norm} }}
+        {f"nA{n}[r] = s;" if norm else "(void)s;"}
       }}""")
+    if L.n_row_values:
+        if L.dots:
+            decl.append(f"  T (* const H)[{L.n_row_values}] = (T (*)[{L.n_row_values}])({at});")
+        else:
+            decl.append(f"  T H[{R}][{L.n_row_values}];")
     row_in = [v for v in L.orig if v.cat in ("i", "p")]
     row_args = ", ".join(
         [f"P{v.index} + (ig + r) * {v.dim}" if v.cat == "i" else f"P{v.index}" for v in row_in]
@@ -242,8 +306,8 @@ def _row_block(L: _Layout, F: int, R: int) -> str:
     rowvals = f"      for (int r = 0; r < nr; ++r) lt_rowvals({row_args});" if L.n_row_values else ""
     dots = []
     for n, d in enumerate(L.dots):
-        b = f"S + {L.stage_offset[d.b]} * JCH + t0"
-        dots.append(f"        lt_dot{d.dim}(A{n}, {b}, nj, G{n});")
+        b = f"S + {L.pack_offset[d.b]} * JCH + t0 * {d.dim}"
+        dots.append(f"        lt_dot{d.dim}(A{n}, {b}, nr, nj, G{n});")
         if d.kind == "sqdist":
             nb = f"S + {L.stage_offset[d.norm_b]} * JCH + t0"
             dots.append(f"        lt_sqdist{d.dim}(A{n}, nA{n}, {b}, {nb}, nr, nj, G{n});")
@@ -340,7 +404,7 @@ def render_cpu_kernel(formula, var_specs, reduction: str, opts: dict, dtype: str
     plan = plan_cpu(formula, max([v.index + 1 for v in var_specs] + [0]), dot_tiling)
     L = _Layout(var_specs, plan)
     size = 4 if dtype == "float32" else 8
-    R = 4 if L.dots else 1
+    R = "LT_R" if L.dots else "1"  # rows per block: LT_R depends on the vector width
     tj = max(tile_size(F, dtype), 64) if L.dots else tile_size(F, dtype)
     jch = max(tj, L2_CHUNK_BYTES // L.j_bytes(size) // tj * tj)
     nv = max(1, L.n_orig)
@@ -357,14 +421,16 @@ def render_cpu_kernel(formula, var_specs, reduction: str, opts: dict, dtype: str
         s = next(v for v in L.orig if v.index == d.source)
         src.append(render_function(f"lt_col{d.var.index}", [d.node], [s], dtype, cpu_renames,
                                    "static LT_INLINE"))
+    if L.dots:
+        src.append(_dot_micro())
     for D in sorted({d.dim for d in L.dots}):
-        src.append(_dot_kernel(D, R))
+        src.append(_dot_kernel(D))
     for D in sorted({d.dim for d in L.dots if d.kind == "sqdist"}):
         src.append(_sqdist_fix(D))
     src.append(_row_block(L, F, R))
     src.append(f"""
 // Rows per work item: a multiple of {R}, the per-row accumulators within 64 KB of stack.
-enum {{ LT_MAX_IB = (sizeof(Acc) * {MAX_ROWS_PER_ITEM} <= 65536) ? {MAX_ROWS_PER_ITEM}
+enum {{ LT_MAX_IB = (sizeof(Acc) * {MAX_ROWS_PER_ITEM} <= 65536) ? {MAX_ROWS_PER_ITEM} / {R} * {R}
         : (65536 / sizeof(Acc) >= {R} ? (int)(65536 / sizeof(Acc)) / {R} * {R} : {R}) }};
 
 struct LtCtx {{
@@ -413,7 +479,7 @@ extern "C" int lt_run(const int64_t* args) {{
   c.N = N; c.M = M; c.nbd = nbd; c.bshape = bshape; c.vbs = vbs; c.outs = outs; c.part = 0;
   int64_t IB = N / (8 * nthreads) + 1;
   if (IB > LT_MAX_IB) IB = LT_MAX_IB;
-  IB = (IB + {R - 1}) / {R} * {R};
+  IB = (IB + {R} - 1) / {R} * {R};
   c.IB = IB;
   c.nIB = (N + IB - 1) / IB;
   const int64_t JC = (jchunk > 0 && jchunk < M) ? (jchunk + TJ - 1) / TJ * TJ : (M > 0 ? M : 1);
