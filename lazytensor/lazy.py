@@ -83,6 +83,7 @@ class LazyTensor:
     """
 
     __array_priority__ = 1000  # numpy_array * LazyTensor -> LazyTensor.__rmul__
+    ranges = None  # block-sparsity (see lazytensor.ranges), kept through operations
 
     def __init__(self, x=None, axis=None, *, _formula=None, _variables=None, label=""):
         if _formula is not None:
@@ -190,7 +191,13 @@ class LazyTensor:
         except ValueError as e:  # name the operands' variables, not just their dimensions
             described = "; ".join(_describe_operand(o) for o in (self, *operands))
             raise ValueError(f"{e}; operands: {described}") from None
-        return LazyTensor._new(node, variables)
+        out = LazyTensor._new(node, variables)
+        ranges = self.ranges
+        for o in operands:
+            ranges = ranges if o.ranges is None else o.ranges
+        if ranges is not None:
+            out.ranges = ranges
+        return out
 
     def _rop(self, name, other):
         return LazyTensor(other)._op(name, self)
@@ -270,6 +277,8 @@ class LazyTensor:
                 formula = _matmul_formulas[key] = ops.apply("mul", self.formula,
                                                             ir.var(n, E, "j"))
             prod = LazyTensor._new(formula, self.variables + vj.variables)
+            if self.ranges is not None:
+                prod.ranges = self.ranges
         # a batched v adds batch dimensions: reduce over j of the product
         out = prod.sum(dim=prod.nbatchdims + 1, **kwargs)
         return out[..., 0] if v.ndim == 1 else out  # as pykeops: a vector v gives a vector
@@ -304,7 +313,10 @@ class LazyTensor:
         """Exchange the roles of i and j (the transposed kernel)."""
         variables = [Variable(v.data, {"i": "j", "j": "i", "p": "p"}[v.cat], v.dim, v.label)
                      for v in self.variables]
-        return LazyTensor._new(ir.swap_ij(self.formula), variables)
+        out = LazyTensor._new(ir.swap_ij(self.formula), variables)
+        if self.ranges is not None:  # the i and j halves of the ranges trade places too
+            out.ranges = (*self.ranges[3:6], *self.ranges[0:3])
+        return out
 
     @property
     def T(self):
@@ -491,23 +503,31 @@ class LazyTensor:
         return dim is not None and not isinstance(dim, bool) and dim in (-1, self.nbatchdims + 2)
 
     def _reduce(self, reduction, dim, axis=None, backend="auto", opts=None, call=True, out=None,
-                grad_mode=None, **unknown):
+                grad_mode=None, ranges=None, **unknown):
         if unknown:
             raise TypeError(f"{reduction}() got an unexpected keyword argument {next(iter(unknown))!r}")
         axis_ = self._axis(dim, axis, reduction)
         opts = dict(opts or {})
+        ranges = self.ranges if ranges is None else ranges
+        if ranges is None:
+            run_reduction = engine.reduce
+        else:
+            from . import ranges as ranges_mod
+
+            def run_reduction(*args):
+                return ranges_mod.reduce(*args, ranges)
         if not call:
             def run(*arrays, backend=backend):
                 if arrays:
                     rebound = [Variable(a, v.cat, v.dim, v.label)
                                for a, v in zip(arrays, self.variables)]
-                    return engine.reduce(self.formula, rebound, reduction, axis_, opts, backend,
+                    return run_reduction(self.formula, rebound, reduction, axis_, opts, backend,
                                          grad_mode)
-                return engine.reduce(self.formula, self.variables, reduction, axis_, opts, backend,
+                return run_reduction(self.formula, self.variables, reduction, axis_, opts, backend,
                                      grad_mode)
 
             return run
-        result = engine.reduce(self.formula, self.variables, reduction, axis_, opts, backend,
+        result = run_reduction(self.formula, self.variables, reduction, axis_, opts, backend,
                                grad_mode)
         if out is not None:
             _copy_into(out, result)
@@ -515,7 +535,7 @@ class LazyTensor:
         return result
 
     def sum(self, dim=None, axis=None, backend="auto", call=True, out=None, grad_mode=None,
-            **opts):
+            ranges=None, **opts):
         """Sum over i (dim=0) or j (dim=1); ``dim=-1`` sums the vector (symbolic).
 
         Options as pykeops: ``sum_scheme`` ("block_sum" default, "direct_sum",
@@ -525,7 +545,8 @@ class LazyTensor:
         """
         if self._vector_dim(dim if axis is None else axis):
             return self._op("sum")
-        return self._reduce("sum", dim, axis, backend, _sum_opts(opts), call, out, grad_mode)
+        return self._reduce("sum", dim, axis, backend, _sum_opts(opts), call, out, grad_mode,
+                            ranges)
 
     def min(self, dim=None, axis=None, backend="auto", **kw):
         """Minimum over i (dim=0) or j (dim=1), per component; ``dim=-1``: over the vector.

@@ -2,11 +2,14 @@
 
 The same objects as the top-level package (every function takes NumPy arrays and torch
 tensors alike); this module exists so that code written for ``pykeops.torch`` ports by
-changing the import.
+changing the import. ``lazytensor.torch.cluster`` stands for ``pykeops.torch.cluster``.
 
 >>> from lazytensor.torch import LazyTensor, Vi, Vj, Genred, KernelSolve
 """
 
+import sys
+
+from . import cluster
 from .custom import elementwise
 from .genred import Genred, generic_argkmin, generic_argmin, generic_logsumexp, generic_sum
 from .lazy import LazyTensor, Pm, Vi, Vj
@@ -14,3 +17,6 @@ from .solve import KernelSolve
 
 __all__ = ["Genred", "KernelSolve", "LazyTensor", "Pm", "Vi", "Vj", "elementwise",
            "generic_argkmin", "generic_argmin", "generic_logsumexp", "generic_sum"]
+
+# ``from lazytensor.torch.cluster import grid_cluster``, as ``from pykeops.torch.cluster import ...``
+sys.modules[__name__ + ".cluster"] = cluster
