@@ -6,8 +6,8 @@
 >>> from codegen import ir
 >>> x = ir.var(0, 3, "i"); g = ir.var(1, 1, "i")
 >>> F = ops.apply("sum", ops.apply("mul", x, x))
->>> ir.to_text(vjp(F, [x], g)[x])
-'mul(expand(Vi(1,1), 3), mul(2, Vi(0,3)))'
+>>> ir.to_text(vjp(F, [x], g)[x])  # g x + g x: the product rule, both factors x
+'add(mul(expand(Vi(1,1), 3), Vi(0,3)), mul(expand(Vi(1,1), 3), Vi(0,3)))'
 """
 
 from __future__ import annotations
