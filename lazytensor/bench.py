@@ -384,6 +384,60 @@ def reductions_table(args, sizes) -> Table:
     return t
 
 
+def _wide_contenders(name: str, n: int, D: int, E: int, args, KLT=None) -> dict:
+    import torch
+
+    from lazytensor import Vi, Vj
+
+    g = torch.Generator().manual_seed(n + D + E)
+    x, y = torch.rand(n, D, generator=g), torch.rand(n, D, generator=g)
+    v = torch.randn(n, E, generator=g)
+    s2 = 0.01 * D
+    dense = args.dense_mb << 20
+    if name == "K @ V":
+        cont = {"ours": lambda: (-Vi(x).sqdist(Vj(y)) / s2).exp() @ v,
+                "torch": lambda: torch_gauss(x, y, v, s2, dense)}
+        if KLT is not None:
+            cont["keops"] = lambda: keops_gauss(KLT, x, y, v, s2)
+        return cont
+    q, k = x / D**0.5, y  # softmax(q kᵀ) v, one head
+
+    def torch_attention():
+        out = torch.empty(n, E)
+        for i0, i1 in _dense_chunks(q, k, dense):
+            out[i0:i1] = torch.softmax(q[i0:i1] @ k.T, dim=1) @ v
+        return out
+
+    cont = {"ours": lambda: (Vi(q) | Vj(k)).sumsoftmaxweight(Vj(v), dim=1),
+            "torch": torch_attention}
+    if KLT is not None:
+        cont["keops"] = lambda: ((KLT(q[:, None, :]) | KLT(k[None, :, :]))
+                                 .sumsoftmaxweight(KLT(v[None, :, :]), dim=1))
+    return cont
+
+
+def wide_table(args, sizes) -> Table:
+    """Reductions whose terms are vectors: K @ V with E columns, softmax attention."""
+    KLT, why = _pykeops()
+    t = _start(Table("Vector-valued terms: K @ V (Gaussian) and softmax attention, float32",
+                     ["what", "D", "E", "N = M", "lazytensor", "torch dense", "pykeops"],
+                     "V has E columns; attention: Σ_j softmax_j(q_i·k_j) v_j (pykeops: "
+                     "sumsoftmaxweight)" + (f"; pykeops {why}" if KLT is None else "")
+                     + "; ×: its time / ours."))
+    for name, D, E in (("K @ V", 3, 64), ("K @ V", 64, 64), ("attention", 64, 64)):
+        per_pair: dict = {}
+        if KLT is not None:
+            _wide_contenders(name, 64, D, E, args, KLT)["keops"]()
+        for n in sizes:
+            res = compare(_wide_contenders(name, n, D, E, args, KLT), args.rounds, args.budget,
+                          {k: v * n * n for k, v in per_pair.items()})
+            per_pair.update({k: r[0] / (n * n) for k, r in res.items() if isinstance(r, tuple)})
+            keops = _cell(res["keops"], n * n) if "keops" in res else "—"
+            t.add(name, D, E, f"{n:,}", _cell(res["ours"], n * n, True),
+                  _cell(res["torch"], n * n), keops)
+    return t
+
+
 def overhead_table(args) -> Table:
     """First call (compile), cached small calls, disk-cache hit in a new process."""
     import torch
@@ -651,6 +705,7 @@ def main(argv=None) -> int:
         tables.append(gauss_table(64, sizes64, args))
     if args.suite in ("cpu", "all"):
         tables.append(gauss_table(256, [1000, 4000] if quick else [1000, 10_000, 30_000], args))
+        tables.append(wide_table(args, [2000] if quick else [10_000, 30_000]))
     if args.suite in ("core", "all"):
         tables.append(reductions_table(args, [2000] if quick else [10_000, 50_000]))
         tables.append(overhead_table(args))
