@@ -91,8 +91,68 @@ static thread_local LtStage lt_stage;
 
 
 def _dot_micro() -> str:
-    """The micro-kernel of the dot products, shared by every dimension."""
+    """The micro-kernel of the dot products and the packing of their j-operands, shared by
+    every dimension."""
     return """
+#if !defined(__clang__)
+template <int S> struct lt_int_of;
+template <> struct lt_int_of<4> { typedef int32_t type; };
+template <> struct lt_int_of<8> { typedef int64_t type; };
+typedef typename lt_int_of<sizeof(T)>::type lt_int;
+typedef lt_int lt_ivec __attribute__((vector_size(LT_VB)));
+
+// One stage of an LT_W x LT_W transpose in registers: rows a and a + H exchange their
+// blocks of H lanes (the stages H = 1, 2, ..., LT_W / 2 transpose the whole block).
+template <int H>
+static LT_INLINE void lt_tstage(lt_vec* v) {
+  lt_ivec ma, mb;
+  for (int l = 0; l < LT_W; ++l) {
+    ma[l] = (l & H) ? LT_W + l - H : l;
+    mb[l] = (l & H) ? LT_W + l : l + H;
+  }
+  #pragma GCC unroll 16
+  for (int a = 0; a < LT_W; ++a) {
+    if (a & H) continue;
+    const lt_vec x = v[a], y = v[a + H];
+    v[a] = __builtin_shuffle(x, y, ma);
+    v[a + H] = __builtin_shuffle(x, y, mb);
+  }
+}
+#endif
+
+// Columns [0, nc) of P (row-major, KD components each) into panels of LT_NR columns, each
+// panel k-major (Z[p * KD + k * LT_NR + q] = column p + q, component k), zero-padded to
+// ncp columns. By LT_W x LT_W blocks transposed in registers: a copy one component at a
+// time would cost a quarter of the products' time at D = 256.
+template <int KD>
+static void lt_pack(const T* __restrict__ P, int64_t nc, int64_t ncp, T* __restrict__ Z) {
+  int64_t j = 0;
+#if !defined(__clang__)
+  for (; j + LT_W <= nc; j += LT_W) {
+    const T* src = P + j * KD;
+    T* z = Z + j / LT_NR * (LT_NR * KD) + j % LT_NR;
+    int q = 0;
+    for (; q + LT_W <= KD; q += LT_W) {
+      lt_vec v[LT_W];
+      #pragma GCC unroll 16
+      for (int a = 0; a < LT_W; ++a) memcpy(&v[a], src + a * KD + q, LT_VB);
+      lt_tstage<1>(v);
+      if (LT_W > 2) lt_tstage<2 % LT_W>(v);
+      if (LT_W > 4) lt_tstage<4 % LT_W>(v);
+      if (LT_W > 8) lt_tstage<8 % LT_W>(v);
+      #pragma GCC unroll 16
+      for (int a = 0; a < LT_W; ++a) memcpy(z + (q + a) * LT_NR, &v[a], LT_VB);
+    }
+    for (; q < KD; ++q)
+      for (int a = 0; a < LT_W; ++a) z[q * LT_NR + a] = src[a * KD + q];
+  }
+#endif
+  for (; j < ncp; ++j) {
+    T* z = Z + j / LT_NR * (LT_NR * KD) + j % LT_NR;
+    if (j < nc) for (int q = 0; q < KD; ++q) z[q * LT_NR] = P[j * KD + q];
+    else for (int q = 0; q < KD; ++q) z[q * LT_NR] = 0;
+  }
+}
 // G[r*TJ + jj] = sum_k A[k*LT_R + r] B[k*LT_NR + jj] for RR rows and one panel of LT_NR
 // columns: A is the row block packed k-major, B a panel packed k-major (both read with
 // unit stride, the panel from L2, the block from L1). The RR x 2 accumulators stay in
@@ -232,11 +292,19 @@ class _Layout:
 
 def _stage(L: _Layout) -> str:
     """Copies (and columns) of the chunk [c0, c1) into S, zero-padded to ncp columns:
-    staged ones at ``S[(off + k) * JCH + j]``, packed ones in panels of LT_NR columns."""
+    staged ones at ``S[(off + k) * JCH + j]``, packed ones in panels of LT_NR columns
+    (variables by ``lt_pack``, columns as they are computed).
+
+    The columns |B_j|² of the sqdist products are summed from B's packed panels, across a
+    panel's columns at once (the same sums, in the same order, as lt_col's, but vectorized
+    along j instead of a chain of dependent additions per column)."""
     dims = {v.index: v.dim for v in L.orig}
+    norms = {d.norm_b: d for d in L.dots if d.kind == "sqdist"}
     out = []
     for v in L.staged + [v for v in L.packed if v.index not in L.stage_offset]:
         k, d = v.index, v.dim
+        if k in norms:
+            continue
         if k in L.col_source:
             s = L.col_source[k]
             body = [f"T o[{d}]; lt_col{k}(P{s} + (c0 + jj) * {dims[s]}, o);"]
@@ -244,20 +312,32 @@ def _stage(L: _Layout) -> str:
         else:
             body = [f"const T* src = P{k} + (c0 + jj) * {d};"]
             src = "src"
-        pad = []
+        writes, pads = [], []
         if k in L.stage_offset:
-            body.append(f"T* Y = S + {L.stage_offset[k]} * JCH + jj; "
-                        f"for (int q = 0; q < {d}; ++q) Y[q * JCH] = {src}[q];")
-            pad.append(f"{{ T* Y = S + {L.stage_offset[k]} * JCH; for (int q = 0; q < {d}; ++q) "
-                       f"for (int64_t jj = nc; jj < ncp; ++jj) Y[q * JCH + jj] = 0; }}")
-        if k in L.pack_offset:
-            body.append(f"T* Z = S + {L.pack_offset[k]} * JCH + jj / LT_NR * (LT_NR * {d}) "
-                        f"+ jj % LT_NR; for (int q = 0; q < {d}; ++q) Z[q * LT_NR] = {src}[q];")
-            pad.append(f"for (int64_t jj = nc; jj < ncp; ++jj) {{ T* Z = S + {L.pack_offset[k]} "
-                       f"* JCH + jj / LT_NR * (LT_NR * {d}) + jj % LT_NR; "
-                       f"for (int q = 0; q < {d}; ++q) Z[q * LT_NR] = 0; }}")
-        out.append(f"    for (int64_t jj = 0; jj < nc; ++jj) {{ {' '.join(body)} }}")
-        out.extend(f"    {p}" for p in pad)
+            writes.append(f"T* Y = S + {L.stage_offset[k]} * JCH + jj; "
+                          f"for (int q = 0; q < {d}; ++q) Y[q * JCH] = {src}[q];")
+            pads.append(f"{{ T* Y = S + {L.stage_offset[k]} * JCH; for (int q = 0; q < {d}; ++q) "
+                        f"for (int64_t jj = nc; jj < ncp; ++jj) Y[q * JCH + jj] = 0; }}")
+        if k in L.pack_offset and k in L.col_source:
+            writes.append(f"T* Z = S + {L.pack_offset[k]} * JCH + jj / LT_NR * (LT_NR * {d}) "
+                          f"+ jj % LT_NR; for (int q = 0; q < {d}; ++q) Z[q * LT_NR] = o[q];")
+            pads.append(f"for (int64_t jj = nc; jj < ncp; ++jj) {{ T* Z = S + {L.pack_offset[k]} "
+                        f"* JCH + jj / LT_NR * (LT_NR * {d}) + jj % LT_NR; "
+                        f"for (int q = 0; q < {d}; ++q) Z[q * LT_NR] = 0; }}")
+        elif k in L.pack_offset:
+            pads.append(f"lt_pack<{d}>(P{k} + c0 * {d}, nc, ncp, S + {L.pack_offset[k]} * JCH);")
+        if writes:
+            out.append(f"    for (int64_t jj = 0; jj < nc; ++jj) {{ {' '.join(body + writes)} }}")
+        out.extend(f"    {p}" for p in pads)
+    for k, dot in norms.items():
+        D = dot.dim
+        out.append(f"""    for (int64_t p = 0; p < ncp; p += LT_NR) {{
+      const T* z = S + {L.pack_offset[dot.b]} * JCH + p * {D};
+      T s[LT_NR] = {{}};
+      for (int k = 0; k < {D}; ++k)
+        for (int q = 0; q < LT_NR; ++q) s[q] += z[k * LT_NR + q] * z[k * LT_NR + q];
+      for (int q = 0; q < LT_NR; ++q) S[{L.stage_offset[k]} * JCH + p + q] = s[q];
+    }}""")
     return "\n".join(out)
 
 
@@ -265,52 +345,81 @@ def _row_block(L: _Layout, F: int, R: int) -> str:
     """``lt_rows``: rows [i0, i1) against columns [jb, je) into ``accs``."""
     ptr_args = ", ".join(f"const T* __restrict__ P{v.index}" for v in L.orig)
     decl = [f"  alignas(64) T fb[{F} * TJ];"]
-    # the work buffer: the chunk's staged and packed j-data, then (with dot products) the
-    # packed row blocks and the row values, which could be too large for the stack
-    extra = [f"{R} * {d.dim}" for d in L.dots]
-    if L.dots and L.n_row_values:
-        extra.append(f"{R} * {L.n_row_values}")
+    nrv = L.n_row_values
+    # The work buffer: the chunk's staged and packed j-data; with dot products, also the
+    # item's rows, packed once (not once per chunk) in blocks of R, their norms and their
+    # row values, which could be too large for the stack.
+    extra = []
+    for d in L.dots:
+        extra.append(f"ni * {d.dim}" + (" + ni" if d.kind == "sqdist" else ""))
+    if L.dots and nrv:
+        extra.append(f"ni * {nrv}")
+    if L.dots:
+        decl.append(f"  const int64_t ni = (i1 - i0 + {R} - 1) / {R} * {R};")
     if L.buffer_dims or extra:
         size = " + ".join([f"(size_t){L.buffer_dims} * JCH"] + extra)
         decl.append(f"  T* const S = lt_stage.get({size});")
         decl.append("  if (!S) return 1;")
     at = f"S + (size_t){L.buffer_dims} * JCH"
-    pack = []
+    pack, block_ptrs = [], []
     for n, d in enumerate(L.dots):
         decl.append(f"  T* const A{n} = {at};")
-        at = f"A{n} + {R} * {d.dim}"
+        at = f"A{n} + ni * {d.dim}"
+        if d.kind == "sqdist":
+            decl.append(f"  T* const nA{n} = {at};")
+            at = f"nA{n} + ni"
         decl.append(f"  alignas(64) T G{n}[{R} * TJ];")
+        block_ptrs.append(f"      const T* const Ab{n} = A{n} + (ig - i0) * {d.dim};")
+        if d.kind == "sqdist":
+            block_ptrs.append(f"      const T* const nAb{n} = nA{n} + (ig - i0);")
         if d.a.op == "var":
             src = f"P{d.a.index} + (ig + r) * {d.a.dim}"
         else:
-            src = f"H[r] + {L.row_offset[L.row_of_node[d.a]]}"
+            src = f"Hb[r] + {L.row_offset[L.row_of_node[d.a]]}"
         norm = ""
         if d.kind == "sqdist":
-            decl.append(f"  T nA{n}[{R}];")
-            norm = f" s += a[k] * a[k];"
-        pack.append(f"""      for (int r = 0; r < nr; ++r) {{
-        const T* a = {src};
-        T s = 0;
-        for (int k = 0; k < {d.dim}; ++k) {{ A{n}[k * {R} + r] = a[k];{norm} }}
-        {f"nA{n}[r] = s;" if norm else "(void)s;"}
+            # summed across the block's rows at once, each row in the order of k
+            norm = f"""
+        T s[{R}] = {{}};
+        for (int k = 0; k < {d.dim}; ++k)
+          for (int r = 0; r < {R}; ++r) s[r] += Ab[k * {R} + r] * Ab[k * {R} + r];
+        for (int r = 0; r < nr; ++r) nA{n}[ig - i0 + r] = s[r];"""
+        pack.append(f"""      {{ T* const Ab = A{n} + (ig - i0) * {d.dim};
+        for (int r = 0; r < {R}; ++r) {{
+          if (r < nr) {{ const T* a = {src}; for (int k = 0; k < {d.dim}; ++k) Ab[k * {R} + r] = a[k]; }}
+          else for (int k = 0; k < {d.dim}; ++k) Ab[k * {R} + r] = 0;
+        }}{norm}
       }}""")
-    if L.n_row_values:
+    if nrv:
         if L.dots:
-            decl.append(f"  T (* const H)[{L.n_row_values}] = (T (*)[{L.n_row_values}])({at});")
+            decl.append(f"  T (* const H)[{nrv}] = (T (*)[{nrv}])({at});")
         else:
-            decl.append(f"  T H[{R}][{L.n_row_values}];")
+            decl.append(f"  T H[{R}][{nrv}];")
+        # the rows of block ig: all the item's rows are kept with dot products
+        block_ptrs.insert(0, f"      T (* const Hb)[{nrv}] = H{' + (ig - i0)' if L.dots else ''};")
     row_in = [v for v in L.orig if v.cat in ("i", "p")]
     row_args = ", ".join(
         [f"P{v.index} + (ig + r) * {v.dim}" if v.cat == "i" else f"P{v.index}" for v in row_in]
-        + ["H[r]"])
-    rowvals = f"      for (int r = 0; r < nr; ++r) lt_rowvals({row_args});" if L.n_row_values else ""
+        + ["Hb[r]"])
+    rowvals = f"      for (int r = 0; r < nr; ++r) lt_rowvals({row_args});" if nrv else ""
+    nl = "\n"
+    prep = nl.join([p for p in [rowvals] + pack if p])
+    if L.dots:  # once per item, before the chunks
+        prep_item = f"""  for (int64_t ig = i0; ig < i1; ig += {R}) {{
+      const int nr = (int)((i1 - ig) < {R} ? (i1 - ig) : {R});
+{block_ptrs[0] if nrv else ""}
+{prep}
+  }}"""
+        prep_block = ""
+    else:
+        prep_item, prep_block = "", prep
     dots = []
     for n, d in enumerate(L.dots):
         b = f"S + {L.pack_offset[d.b]} * JCH + t0 * {d.dim}"
-        dots.append(f"        lt_dot{d.dim}(A{n}, {b}, nr, nj, G{n});")
+        dots.append(f"        lt_dot{d.dim}(Ab{n}, {b}, nr, nj, G{n});")
         if d.kind == "sqdist":
             nb = f"S + {L.stage_offset[d.norm_b]} * JCH + t0"
-            dots.append(f"        lt_sqdist{d.dim}(A{n}, nA{n}, {b}, {nb}, nr, nj, G{n});")
+            dots.append(f"        lt_sqdist{d.dim}(Ab{n}, nAb{n}, {b}, {nb}, nr, nj, G{n});")
     row_ptrs, jloads, call = [], [], []
     for v in L.formula_specs:
         k = v.index
@@ -320,7 +429,7 @@ def _row_block(L: _Layout, F: int, R: int) -> str:
             jloads.append(f"            const T y{k}[1] = {{g{k}[jj]}};")
             call.append(f"y{k}")
         elif k in L.row_offset:
-            row_ptrs.append(f"          const T* v{k} = H[r] + {L.row_offset[k]};")
+            row_ptrs.append(f"          const T* v{k} = Hb[r] + {L.row_offset[k]};")
             call.append(f"v{k}")
         elif v.cat == "i":
             row_ptrs.append(f"          const T* v{k} = P{k} + i * {v.dim};")
@@ -332,10 +441,12 @@ def _row_block(L: _Layout, F: int, R: int) -> str:
             jloads.append(f"            T y{k}[{v.dim}]; for (int c = 0; c < {v.dim}; ++c) "
                           f"y{k}[c] = Y{k}[c * JCH + jj];")
             call.append(f"y{k}")
+        elif k in L.col_source:  # a dot product's operand only: the formula does not read it
+            jloads.append(f"            const T* y{k} = 0;")
+            call.append(f"y{k}")
         else:  # a j-variable of dimension 1 (or one the formula does not read): in place
             jloads.append(f"            const T* y{k} = P{k} + (j0 + jj) * {v.dim};")
             call.append(f"y{k}")
-    nl = "\n"
     if L.wide:
         # Vectors wider than WIDE: one pair at a time, each op of the formula a loop that
         # vectorizes along the vector, and the reduction's push (also a vector loop).
@@ -361,6 +472,7 @@ def _row_block(L: _Layout, F: int, R: int) -> str:
 static int lt_rows({ptr_args}, int64_t i0, int64_t i1, int64_t jb, int64_t je, Acc* accs) {{
 {nl.join(decl)}
   for (int64_t i = i0; i < i1; ++i) accs[i - i0].init();
+{prep_item}
   for (int64_t c0 = jb; c0 < je; c0 += JCH) {{
     const int64_t c1 = (c0 + JCH < je) ? c0 + JCH : je, nc = c1 - c0;
     const int64_t ncp = (nc + TJ - 1) / TJ * TJ;
@@ -368,8 +480,8 @@ static int lt_rows({ptr_args}, int64_t i0, int64_t i1, int64_t jb, int64_t je, A
 {_stage(L)}
     for (int64_t ig = i0; ig < i1; ig += {R}) {{
       const int nr = (int)((i1 - ig) < {R} ? (i1 - ig) : {R});
-{rowvals}
-{nl.join(pack)}
+{nl.join(block_ptrs)}
+{prep_block}
       for (int64_t j0 = c0; j0 < c1; j0 += TJ) {{
         const int nj = (int)((c1 - j0) < TJ ? (c1 - j0) : TJ);
         const int64_t t0 = j0 - c0;

@@ -111,8 +111,9 @@ def test_tiled_dot_with_batch_dims(D):
 
 
 def test_row_value_operand_and_shared_operand():
-    """A dot operand that is an expression of x (a row value), and a j-variable read both
-    by a dot product and by the pair loop (D = 16 is not wide: staged and packed)."""
+    """Dot operands that are expressions (a row value of x, a column of y), and a
+    j-variable read both by a dot product and by the pair loop (D = 16 is not wide:
+    staged and packed)."""
     rng = np.random.default_rng(3)
     for D in (16, 40):
         x = rng.standard_normal((50, D)).astype(np.float32)
@@ -120,7 +121,7 @@ def test_row_value_operand_and_shared_operand():
 
         def run(xx, yy, backend):
             X, Y = Vi(xx), Vj(yy)
-            F = (-(X * 2.0 - 1.0).sqdist(Y) / D).exp() * Y + (X | Y)
+            F = (-(X * 2.0 - 1.0).sqdist(Y) / D).exp() * Y + (X | Y) + (X | Y.exp())
             return np.asarray(F.sum(dim=1, backend=backend))
 
         got = run(x, y, "cpu")
