@@ -1,0 +1,198 @@
+"""Sums of vector-valued terms as weighted sums of vectors.
+
+A CPU kernel vectorizes a formula across j when its terms are narrow; a term of a large
+dimension E (``K @ V`` with 64 columns, the gradient of a kernel in dimension 64) is
+evaluated pair by pair instead, E operations each, in loops along the vector. Most such
+terms are linear combinations of scalar weights and vectors that do not depend on both
+i and j:
+
+- ``K @ V``: ``k_ij V_j``;
+- a gradient in x: ``c_ij (x_i - y_j) = c_ij x_i - c_ij y_j``.
+
+:func:`linearize` writes ``F_ij = Σ_t coef_t s_t(i, j) L_t + (narrow components)`` with
+scalar weights ``s_t`` and factors ``L_t`` that are either free of j (computed once per
+row) or a j-variable, so that
+
+    ``Σ_j F_ij = Σ_t coef_t (L_t(i) Σ_j s_t  +  Σ_j s_t B_t(j))``
+
+where the first sums are narrow (vectorized across j like any scalar formula) and the
+second a product of the (rows × j) matrix of weights with the (j × E) matrix of B: a
+kernel accumulates it with the vector along E and the weight broadcast. The formula
+dimension the pair loop sees drops from E to the number of distinct weights.
+
+>>> from codegen import ir, ops
+>>> x, y, v = ir.var(0, 3, "i"), ir.var(1, 3, "j"), ir.var(2, 64, "j")
+>>> k = ops.apply("exp", ops.apply("neg", ops.apply("sum", ops.apply("square", ops.apply("sub", x, y)))))
+>>> lin = linearize(ops.apply("mul", k, v))
+>>> lin.narrow.dim, [(t.weight, t.factor.index, t.offset, t.coef) for t in lin.col_terms]
+(1, [(0, 2, 0, 1.0)])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import ir, ops
+from .simplify import simplify
+
+MIN_WIDE = 17  # below this a formula vectorizes across j as it is
+MAX_NARROW = 16  # weights + direct components the pair loop may carry
+
+
+@dataclass(frozen=True)
+class Term:
+    """``coef * s_weight(i, j) * factor`` added to output components [offset, offset + dim)."""
+
+    weight: int  # component of ``Linear.narrow``
+    factor: ir.Node  # free of j (row term), or a j-variable (column term)
+    offset: int
+    coef: float
+
+    @property
+    def dim(self) -> int:
+        return self.factor.dim
+
+
+@dataclass(frozen=True)
+class Linear:
+    narrow: ir.Node  # the weights, then the direct components: what the pair loop sums
+    row_terms: tuple  # Terms whose factor is free of j
+    col_terms: tuple  # Terms whose factor is a j-variable
+    direct: tuple  # (component of narrow, output component): scalars summed as they are
+    dim: int  # the formula's dimension
+
+    @property
+    def n_weights(self) -> int:
+        return self.narrow.dim - len(self.direct)
+
+
+def _pieces(node: ir.Node, offset: int = 0):
+    """(offset, node) of the components a concat tree puts side by side."""
+    if node.op == "concat":
+        a, b = node.args
+        yield from _pieces(a, offset)
+        yield from _pieces(b, offset + a.dim)
+    else:
+        yield offset, node
+
+
+def _has_j(node: ir.Node, memo: dict) -> bool:
+    key = id(node)
+    if key not in memo:
+        if node.op == "var":
+            memo[key] = node.cat == "j"
+        else:
+            memo[key] = any(_has_j(a, memo) for a in node.args)
+    return memo[key]
+
+
+_ONE = None
+
+
+def _one() -> ir.Node:
+    global _ONE
+    if _ONE is None:
+        _ONE = ir.const(1.0)
+    return _ONE
+
+
+def _scale(terms, s: ir.Node, sign: float = 1.0):
+    """Terms multiplied by the scalar ``s``."""
+    out = []
+    for w, f, c in terms:
+        w2 = s if w is _one() else (w if s is _one() else ops.apply("mul", s, w))
+        out.append((w2, f, c * sign))
+    return out
+
+
+def _lin(node: ir.Node, memo: dict, depth: int = 0):
+    """[(scalar weight, factor, coef)] with node = Σ coef * weight * factor, or None."""
+    if depth > 64:
+        return None
+    if not _has_j(node, memo):
+        return [(_one(), node, 1.0)]
+    op = node.op
+    if op == "var":  # a j-variable
+        return [(_one(), node, 1.0)]
+    if op == "neg":
+        inner = _lin(node.args[0], memo, depth + 1)
+        return None if inner is None else [(w, f, -c) for w, f, c in inner]
+    if op in ("add", "sub"):
+        a, b = node.args
+        if a.dim != node.dim or b.dim != node.dim:
+            return None  # a broadcast scalar added to a vector: not a weighted vector
+        la, lb = _lin(a, memo, depth + 1), _lin(b, memo, depth + 1)
+        if la is None or lb is None:
+            return None
+        return la + (lb if op == "add" else [(w, f, -c) for w, f, c in lb])
+    if op == "mul":
+        a, b = node.args
+        for s, v in ((a, b), (b, a)):
+            if s.dim == 1 and v.dim == node.dim:
+                inner = _lin(v, memo, depth + 1)
+                return None if inner is None else _scale(inner, s)
+            if s.op == "expand" and s.args[0].dim == 1 and v.dim == node.dim:
+                inner = _lin(v, memo, depth + 1)
+                return None if inner is None else _scale(inner, s.args[0])
+        return None
+    if op == "div":
+        a, b = node.args
+        if b.dim == 1 and a.dim == node.dim:
+            inner = _lin(a, memo, depth + 1)
+            return None if inner is None else _scale(inner, ops.apply("inv", b))
+        return None
+    if op == "expand" and node.args[0].dim == 1:  # s * (1, ..., 1)
+        return [(node.args[0], ir.const([1.0] * node.dim), 1.0)]
+    return None
+
+
+def linearize(formula: ir.Node, max_narrow: int = MAX_NARROW) -> Linear | None:
+    """The weighted-sum form of ``formula`` (see the module docstring), or None when it
+    does not pay: narrow formulas, terms that are not linear in vectors free of i or of j,
+    no j-variable factor, or more than ``max_narrow`` weights and direct components."""
+    if formula.dim < MIN_WIDE:
+        return None
+    memo: dict = {}
+    weights: dict = {}  # weight node -> component
+    grouped: dict = {}  # (factor node, offset) -> {weight node: coef}
+    direct_nodes = []
+    for offset, piece in _pieces(formula):
+        if piece.dim == 1:
+            direct_nodes.append((offset, piece))
+            continue
+        terms = _lin(piece, memo)
+        if terms is None:
+            return None
+        for w, f, c in terms:
+            if not (f.op == "var" and f.cat == "j" or not _has_j(f, memo)):
+                return None
+            w = simplify(w)
+            by_weight = grouped.setdefault((f, offset), {})
+            by_weight[w] = by_weight.get(w, 0.0) + c
+    if not any(f.op == "var" and f.cat == "j" for (f, _) in grouped):
+        return None
+    row_terms, col_terms = [], []
+    for (f, offset), by_weight in grouped.items():
+        by_weight = {w: c for w, c in by_weight.items() if c != 0.0}
+        if not by_weight:
+            continue
+        if len(by_weight) == 1:  # one weight (c x_i - c y_j, k_ij V_j): keep it, with its coef
+            (w, c), = by_weight.items()
+        else:  # one factor, several weights: one weight Σ c_t s_t, so one product per factor
+            w, c = None, 1.0
+            for wt, ct in by_weight.items():
+                scaled = wt if ct == 1.0 else ops.apply("mul", ir.const(ct), wt)
+                w = scaled if w is None else ops.apply("add", w, scaled)
+            w = simplify(w)
+        if w not in weights:
+            weights[w] = len(weights)
+        t = Term(weights[w], f, offset, c)
+        (col_terms if f.op == "var" and f.cat == "j" else row_terms).append(t)
+    comps = list(weights) + [p for _, p in direct_nodes]
+    if len(comps) > max_narrow or not col_terms:
+        return None
+    direct = tuple((len(weights) + k, off) for k, (off, _) in enumerate(direct_nodes))
+    narrow = comps[0]
+    for c in comps[1:]:
+        narrow = ops.apply("concat", narrow, c)
+    return Linear(narrow, tuple(row_terms), tuple(col_terms), direct, formula.dim)
