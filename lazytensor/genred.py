@@ -22,7 +22,7 @@ import numpy as np
 from codegen import ops, parse
 
 from . import engine
-from .binding import Variable, is_torch
+from .binding import Variable, array_dtype, is_torch
 
 # KeOps reduction name (lower case) -> (our reduction, needs K, takes formula2)
 _REDUCTIONS = {
@@ -44,22 +44,68 @@ _KEOPS_NAMES = ("Sum, Min, Max, ArgMin, ArgMax, Min_ArgMin, Max_ArgMax, KMin, Ar
                 "KMin_ArgKMin, LogSumExp, Max_SumShiftExp, SumSoftMaxWeight")
 
 
+# Reductions that accumulate sums: pykeops lets dtype_acc and sum_scheme change only these.
+SUM_TYPE_REDUCTIONS = ("sum", "logsumexp", "logsumexp_weight", "sumsoftmaxweight",
+                       "max_sumshiftexp")
+
+
 def reduction_options(reduction: str, dtype_acc="auto", use_double_acc=False,
                       sum_scheme="auto") -> dict:
-    """Engine options from pykeops's accumulation arguments."""
+    """Engine options from pykeops's accumulation arguments, with pykeops's rules.
+
+    ``dtype_acc`` / ``use_double_acc`` (one of the two) and ``sum_scheme`` other than
+    "auto" / "direct_sum" apply to the sum-type reductions only (Sum and the log-sum-exp
+    family): a min or a K-min has nothing to accumulate, and pykeops rejects them there
+    too. The log-sum-exp family always accumulates per tile of j (a block sum), so its
+    ``sum_scheme`` is accepted and has no further effect.
+    """
     opts = {}
     if dtype_acc not in ("auto", "float32", "float64"):
         raise ValueError(f"dtype_acc must be 'auto', 'float32' or 'float64', got {dtype_acc!r}")
     if use_double_acc:
+        if dtype_acc != "auto":
+            raise ValueError(f"set either use_double_acc=True or dtype_acc={dtype_acc!r}, not both")
         dtype_acc = "float64"
-    if dtype_acc != "auto":
-        opts["dtype_acc"] = dtype_acc
     if sum_scheme not in ("auto", "direct_sum", "block_sum", "kahan_scheme"):
         raise ValueError("sum_scheme must be 'auto', 'direct_sum', 'block_sum' or 'kahan_scheme', "
                          f"got {sum_scheme!r}")
+    if reduction not in SUM_TYPE_REDUCTIONS:
+        if dtype_acc != "auto":
+            raise ValueError(f"dtype_acc={dtype_acc!r} (or use_double_acc) only applies to sum-type "
+                             f"reductions (Sum, LogSumExp, SumSoftMaxWeight), not {reduction}")
+        if sum_scheme not in ("auto", "direct_sum"):
+            raise ValueError(f"sum_scheme={sum_scheme!r} only applies to sum-type reductions "
+                             f"(Sum, LogSumExp, SumSoftMaxWeight), not {reduction}")
+        return opts
+    if dtype_acc != "auto":
+        opts["dtype_acc"] = dtype_acc
     if sum_scheme != "auto" and reduction == "sum":
         opts["sum_scheme"] = sum_scheme
     return opts
+
+
+# pykeops's backend names -> ours. "GPU_1D"/"GPU_2D" (and their "_host"/"_device" forms)
+# choose a CUDA scheme in pykeops; here the CUDA backend picks its own scheme.
+_KEOPS_BACKENDS = {"CPU": "cpu", "GPU": "cuda"}
+
+
+def keops_backend(backend) -> str:
+    """Our backend name for a pykeops one ("CPU", "GPU", "GPU_1D", ...); others unchanged."""
+    if isinstance(backend, str):
+        head = backend.split("_", 1)[0]
+        if head in _KEOPS_BACKENDS and (backend in _KEOPS_BACKENDS or (
+                head == "GPU" and backend[4:] in _GPU_SCHEMES)):
+            return _KEOPS_BACKENDS[head]
+    return backend
+
+
+_GPU_SCHEMES = ("1D", "2D", "1D_host", "2D_host", "1D_device", "2D_device")
+
+
+# Genred/reduction keywords of pykeops that tune its CUDA code generation: accepted and
+# without effect here (device_id: the tensors' own device decides).
+IGNORED_OPTIONS = ("enable_chunks", "use_fast_math", "optional_flags", "device_id",
+                   "rec_multVar_highdim")
 
 
 def _reduction(reduction_op: str, opt_arg, formula2):
@@ -91,8 +137,10 @@ class Genred:
     the callable takes one array per variable in index order: ``(N, D)`` for ``Vi``,
     ``(M, D)`` for ``Vj``, ``(D,)`` for ``Pm``, with optional leading batch dimensions
     (``(B, N, D)``, ``(B, D)``). ``opt_arg`` is K for the K-min reductions; ``formula2``
-    the weights of ``LogSumExp`` and ``SumSoftMaxWeight``. ``dtype``, ``enable_chunks`` and
-    ``rec_multVar_highdim`` are accepted for compatibility and have no effect.
+    the weights of ``LogSumExp`` and ``SumSoftMaxWeight``. ``dtype``, ``cuda_type``,
+    ``enable_chunks``, ``use_fast_math`` and ``rec_multVar_highdim`` are accepted for
+    compatibility and have no effect (the arrays' dtype decides, as in pykeops 2). The call
+    takes pykeops's backend names too ("CPU", "GPU", "GPU_1D", ...).
 
     >>> import numpy as np
     >>> nn = Genred("SqDist(x, y)", ["x = Vi(2)", "y = Vj(2)"], "ArgKMin", axis=1, opt_arg=3)
@@ -102,7 +150,7 @@ class Genred:
 
     def __init__(self, formula, aliases, reduction_op="Sum", axis=0, dtype=None, opt_arg=None,
                  formula2=None, dtype_acc="auto", use_double_acc=False, sum_scheme="auto",
-                 enable_chunks=True, rec_multVar_highdim=None):
+                 enable_chunks=True, rec_multVar_highdim=None, use_fast_math=True, cuda_type=None):
         if isinstance(axis, bool) or axis not in (0, 1):
             raise ValueError(f"axis must be 0 (reduction over i) or 1 (over j), got {axis!r}")
         self.reduction, self.opts = _reduction(reduction_op, opt_arg, formula2)
@@ -127,6 +175,7 @@ class Genred:
         """Run the reduction on one array per variable (index order)."""
         if ranges is not None:
             raise NotImplementedError("block-sparse ranges are not supported")
+        backend = str(keops_backend(backend)).lower()
         variables = bind_arguments(self.variables, args)
         result = engine.reduce(self.formula, variables, self.reduction, self.axis, self.opts,
                                str(backend).lower())
@@ -157,6 +206,10 @@ def _bind_one(decl, x, k):
         x = np.asarray(x, dtype=np.float64)
     if not (is_torch(x) or isinstance(x, np.ndarray)):
         raise TypeError(f"{what}: expected a NumPy array or a torch tensor, got {type(x).__name__}")
+    if array_dtype(x) in ("float16", "bfloat16"):
+        raise TypeError(f"{what}: got {array_dtype(x)} data of shape {tuple(x.shape)}; expected "
+                        "float32 or float64 (pykeops supports half precision on GPUs only): "
+                        "convert with .float() / .astype(np.float32)")
     if decl.cat == "p":
         if x.ndim == 0:
             x = x.reshape(1)

@@ -19,6 +19,7 @@ from codegen import ir, ops
 
 from . import engine
 from .binding import Variable, array_dtype, is_torch
+from .genred import IGNORED_OPTIONS, keops_backend, reduction_options
 
 
 def _canonical(x, axis):
@@ -106,6 +107,7 @@ class LazyTensor:
         if data.is_complex() if is_torch(data) else np.iscomplexobj(data):
             raise TypeError(f"LazyTensor got complex data (shape {tuple(x.shape)}, dtype "
                             f"{array_dtype(data)}); expected float32 or float64")
+        _check_not_half(x if hasattr(x, "shape") else data, "LazyTensor got")
         self.formula = ir.var(0, dim, cat)
         self.variables = [Variable(data, cat, dim, label)]
 
@@ -117,6 +119,12 @@ class LazyTensor:
 
     @property
     def ndim(self) -> int:
+        """The vector dimension D, as pykeops's ``LazyTensor.ndim`` (not the number of axes:
+        that is :meth:`dim`, as in torch)."""
+        return self.formula.dim
+
+    def dim(self) -> int:
+        """The number of axes of ``(*batch, N, M, D)``: ``nbatchdims + 3``, as pykeops."""
         return self.nbatchdims + 3
 
     @property
@@ -179,7 +187,7 @@ class LazyTensor:
         return variables, formula
 
     def _op(self, name, *others, params=()):
-        operands = [o if isinstance(o, LazyTensor) else LazyTensor(o) for o in others]
+        operands = [o if isinstance(o, LazyTensor) else self._operand(o) for o in others]
         variables, nodes = list(self.variables), [self.formula]
         acc = LazyTensor._new(self.formula, variables)
         for o in operands:
@@ -200,7 +208,28 @@ class LazyTensor:
         return out
 
     def _rop(self, name, other):
-        return LazyTensor(other)._op(name, self)
+        return self._operand(other)._op(name, self)
+
+    def _operand(self, o) -> "LazyTensor":
+        """A LazyTensor for a non-LazyTensor operand of ``self``.
+
+        A list of numbers is a parameter, as in pykeops, where lists have no dtype of their
+        own: it takes the dtype (and library and device) of ``self``'s arrays, so that
+        ``x_i * [1., 2., 3.]`` works for float32 ``x``. Arrays keep their dtype (a float64
+        array with float32 data is an error, as in pykeops).
+        """
+        if isinstance(o, (list, tuple)):
+            o = _as_array(o)
+            for v in self.variables:
+                if not v.is_scalar:
+                    if is_torch(v.data):
+                        import torch
+
+                        o = torch.as_tensor(o, dtype=v.data.dtype, device=v.data.device)
+                    else:
+                        o = o.astype(v.data.dtype)
+                    break
+        return LazyTensor(o)
 
     # ------------------------------------------------------------------ arithmetic
 
@@ -284,8 +313,14 @@ class LazyTensor:
         return out[..., 0] if v.ndim == 1 else out  # as pykeops: a vector v gives a vector
 
     def __getitem__(self, key):
-        """``x[k]`` (one component), ``x[a:b]`` (a slice) of the vector dimension."""
+        """``x[k]`` (one component), ``x[a:b]`` (a slice) of the vector dimension.
+
+        As pykeops, ``x[:, :, k]`` (full slices before the last index) means ``x[k]``;
+        ``x[..., k]`` too.
+        """
         D = self.formula.dim
+        if isinstance(key, tuple) and len(key) >= 2 and key[0] is Ellipsis:
+            key = (slice(None), *key[1:]) if len(key) > 2 else key[1:]
         if isinstance(key, tuple) and len(key) >= 1 and key[:-1] == (slice(None),) * (len(key) - 1):
             key = key[-1]
         if isinstance(key, numbers.Integral):
@@ -500,6 +535,7 @@ class LazyTensor:
         )
 
     def _vector_dim(self, dim) -> bool:
+        """``dim`` is the vector dimension (-1, or nbatchdims + 2): a symbolic, not a reduction."""
         return dim is not None and not isinstance(dim, bool) and dim in (-1, self.nbatchdims + 2)
 
     def _reduce(self, reduction, dim, axis=None, backend="auto", opts=None, call=True, out=None,
@@ -538,15 +574,21 @@ class LazyTensor:
             ranges=None, **opts):
         """Sum over i (dim=0) or j (dim=1); ``dim=-1`` sums the vector (symbolic).
 
+        As in pykeops, ``sum()`` without dim is ``sum(-1)`` (``min``, ``max``, ``argmin`` and
+        ``argmax`` too); with reduction options but no dim it asks for the dim.
         Options as pykeops: ``sum_scheme`` ("block_sum" default, "direct_sum",
-        "kahan_scheme"), ``dtype_acc`` / ``use_double_acc``; ``grad_mode`` for torch gradients.
+        "kahan_scheme"), ``dtype_acc`` / ``use_double_acc``, ``backend`` ("CPU", "GPU" ...
+        too); ``enable_chunks``, ``use_fast_math``, ``device_id`` are accepted without effect;
+        ``grad_mode`` for torch gradients.
         An empty reduction (no j, or no i for dim=0) gives 0; NaN terms give NaN, +inf and
         -inf terms together give NaN, as in NumPy.
         """
-        if self._vector_dim(dim if axis is None else axis):
-            return self._op("sum")
-        return self._reduce("sum", dim, axis, backend, _sum_opts(opts), call, out, grad_mode,
-                            ranges)
+        if self._vector_dim(dim if axis is None else axis) or (
+                dim is None and axis is None and backend == "auto" and call is True and out is None
+                and grad_mode is None and ranges is None and not opts):
+            return self._op("sum")  # no dim and no option: pykeops's default, dim=-1
+        backend, acc, opts = _reduction_options("sum", backend, opts)
+        return self._reduce("sum", dim, axis, backend, acc, call, out, grad_mode, ranges, **opts)
 
     def min(self, dim=None, axis=None, backend="auto", **kw):
         """Minimum over i (dim=0) or j (dim=1), per component; ``dim=-1``: over the vector.
@@ -557,38 +599,45 @@ class LazyTensor:
         >>> Vi(x).sqdist(Vj(y)).min(dim=1).shape
         (5, 1)
         """
-        if self._vector_dim(dim if axis is None else axis):
+        if self._vector_dim(dim if axis is None else axis) or _no_dim(dim, axis, backend, kw):
             return self._op("vmin")
-        return self._reduce("min", dim, axis, backend, **kw)
+        backend, opts, kw = _reduction_options("min", backend, kw)
+        return self._reduce("min", dim, axis, backend, opts, **kw)
 
     def max(self, dim=None, axis=None, backend="auto", **kw):
-        if self._vector_dim(dim if axis is None else axis):
+        if self._vector_dim(dim if axis is None else axis) or _no_dim(dim, axis, backend, kw):
             return self._op("vmax")
-        return self._reduce("max", dim, axis, backend, **kw)
+        backend, opts, kw = _reduction_options("max", backend, kw)
+        return self._reduce("max", dim, axis, backend, opts, **kw)
 
     def argmin(self, dim=None, axis=None, backend="auto", **kw):
         """Index (int64) of the minimum over i or j: the lowest index among ties, the first
         NaN's index if there is a NaN (as ``np.argmin``), -1 for an empty reduction."""
-        if self._vector_dim(dim if axis is None else axis):
+        if self._vector_dim(dim if axis is None else axis) or _no_dim(dim, axis, backend, kw):
             return self._op("vargmin")
-        return self._reduce("argmin", dim, axis, backend, **kw)
+        backend, opts, kw = _reduction_options("argmin", backend, kw)
+        return self._reduce("argmin", dim, axis, backend, opts, **kw)
 
     def argmax(self, dim=None, axis=None, backend="auto", **kw):
-        if self._vector_dim(dim if axis is None else axis):
+        if self._vector_dim(dim if axis is None else axis) or _no_dim(dim, axis, backend, kw):
             return self._op("vargmax")
-        return self._reduce("argmax", dim, axis, backend, **kw)
+        backend, opts, kw = _reduction_options("argmax", backend, kw)
+        return self._reduce("argmax", dim, axis, backend, opts, **kw)
 
     def min_argmin(self, dim=None, axis=None, backend="auto", **kw):
-        return self._reduce("min_argmin", dim, axis, backend, **kw)
+        backend, opts, kw = _reduction_options("min_argmin", backend, kw)
+        return self._reduce("min_argmin", dim, axis, backend, opts, **kw)
 
     def max_argmax(self, dim=None, axis=None, backend="auto", **kw):
-        return self._reduce("max_argmax", dim, axis, backend, **kw)
+        backend, opts, kw = _reduction_options("max_argmax", backend, kw)
+        return self._reduce("max_argmax", dim, axis, backend, opts, **kw)
 
     def Kmin(self, K, dim=None, axis=None, backend="auto", **kw):
         """The K smallest values over i or j, sorted, per component (shape (N, K) or
         (N, K, D)); NaN sorts last (as ``np.sort``), ties keep index order; K must be a
         positive integer at most the number of reduced points."""
-        return self._reduce("kmin", dim, axis, backend, {"K": K}, **kw)
+        backend, opts, kw = _reduction_options("kmin", backend, kw, {"K": K})
+        return self._reduce("kmin", dim, axis, backend, opts, **kw)
 
     def argKmin(self, K, dim=None, axis=None, backend="auto", **kw):
         """Indices (int64) of the K smallest values, in the order of :meth:`Kmin`.
@@ -597,10 +646,12 @@ class LazyTensor:
         >>> Vi(x).sqdist(Vj(y)).argKmin(3, dim=1).shape
         (5, 3)
         """
-        return self._reduce("argkmin", dim, axis, backend, {"K": K}, **kw)
+        backend, opts, kw = _reduction_options("argkmin", backend, kw, {"K": K})
+        return self._reduce("argkmin", dim, axis, backend, opts, **kw)
 
     def Kmin_argKmin(self, K, dim=None, axis=None, backend="auto", **kw):
-        return self._reduce("kmin_argkmin", dim, axis, backend, {"K": K}, **kw)
+        backend, opts, kw = _reduction_options("kmin_argkmin", backend, kw, {"K": K})
+        return self._reduce("kmin_argkmin", dim, axis, backend, opts, **kw)
 
     def logsumexp(self, dim=None, axis=None, weight=None, backend="auto", **kw):
         """``log Σ exp(self)`` (stable); with ``weight``: ``log Σ exp(self) * weight``.
@@ -612,9 +663,11 @@ class LazyTensor:
         (5, 3)
         """
         if weight is None:
-            return self._reduce("logsumexp", dim, axis, backend, **kw)
+            backend, opts, kw = _reduction_options("logsumexp", backend, kw)
+            return self._reduce("logsumexp", dim, axis, backend, opts, **kw)
+        backend, opts, kw = _reduction_options("logsumexp_weight", backend, kw)
         return self._with_weight(weight, "logsumexp")._reduce("logsumexp_weight", dim, axis,
-                                                              backend, **kw)
+                                                              backend, opts, **kw)
 
     def sumsoftmaxweight(self, weight, dim=None, axis=None, backend="auto", **kw):
         """``Σ_j softmax_j(self) weight_j`` for a scalar formula ``self`` (NaN, i.e. 0/0, for
@@ -624,8 +677,9 @@ class LazyTensor:
         >>> (Vi(q) | Vj(k)).sumsoftmaxweight(Vj(v), dim=1).shape
         (5, 3)
         """
+        backend, opts, kw = _reduction_options("sumsoftmaxweight", backend, kw)
         return self._with_weight(weight, "sumsoftmaxweight")._reduce("sumsoftmaxweight", dim, axis,
-                                                                     backend, **kw)
+                                                                     backend, opts, **kw)
 
     def _with_weight(self, weight, name):
         """``concat(self, weight)``; the reductions read component 0 as the scalar formula."""
@@ -635,14 +689,30 @@ class LazyTensor:
         return self.concat(weight)
 
     def max_sumshiftexp(self, dim=None, axis=None, backend="auto", **kw):
-        return self._reduce("max_sumshiftexp", dim, axis, backend, **kw)
+        backend, opts, kw = _reduction_options("max_sumshiftexp", backend, kw)
+        return self._reduce("max_sumshiftexp", dim, axis, backend, opts, **kw)
 
-    # pykeops aliases
-    sum_reduction = sum
-    min_reduction = min
-    max_reduction = max
-    argmin_reduction = argmin
-    argmax_reduction = argmax
+    # pykeops aliases; the first five always reduce (no vector-dimension default)
+    def sum_reduction(self, dim=None, axis=None, **kw):
+        return self.sum(self._index_dim(dim, axis, "sum_reduction"), **kw)
+
+    def min_reduction(self, dim=None, axis=None, **kw):
+        return self.min(self._index_dim(dim, axis, "min_reduction"), **kw)
+
+    def max_reduction(self, dim=None, axis=None, **kw):
+        return self.max(self._index_dim(dim, axis, "max_reduction"), **kw)
+
+    def argmin_reduction(self, dim=None, axis=None, **kw):
+        return self.argmin(self._index_dim(dim, axis, "argmin_reduction"), **kw)
+
+    def argmax_reduction(self, dim=None, axis=None, **kw):
+        return self.argmax(self._index_dim(dim, axis, "argmax_reduction"), **kw)
+
+    def _index_dim(self, dim, axis, name):
+        """``dim`` (or ``axis``) checked to be an i or j axis, for the explicit reductions."""
+        self._axis(dim, axis, name)
+        return dim if axis is None else axis
+
     min_argmin_reduction = min_argmin
     max_argmax_reduction = max_argmax
     Kmin_reduction = Kmin
@@ -707,30 +777,46 @@ class LazyTensor:
         return self.T @ _cast_like(v, self.dtype)
 
 
+def _check_not_half(data, what: str):
+    """A clear error for float16/bfloat16 data (the binding's message is about integers)."""
+    dt = array_dtype(data)
+    if dt in ("float16", "bfloat16"):
+        raise TypeError(f"{what} {dt} data (shape {tuple(data.shape)}); expected float32 or "
+                        "float64 (pykeops supports half precision on GPUs only): convert with "
+                        ".float() / .astype(np.float32)")
+
+
 def _cast_like(v, dtype):
     if is_torch(v) or dtype is None or not isinstance(dtype, np.dtype):
         return v
     return np.ascontiguousarray(v, dtype=dtype)
 
 
-def _sum_opts(opts):
-    out = {}
-    for k, v in opts.items():
-        if k == "sum_scheme":
-            if v not in ("direct_sum", "block_sum", "kahan_scheme"):
-                raise ValueError(f"sum_scheme must be direct_sum, block_sum or kahan_scheme, got {v!r}")
-            out[k] = v
-        elif k == "dtype_acc":
-            if v not in ("auto", "float32", "float64"):
-                raise ValueError(f"dtype_acc must be 'auto', 'float32' or 'float64', got {v!r}")
-            if v != "auto":
-                out[k] = v
-        elif k == "use_double_acc":
-            if v:
-                out["dtype_acc"] = "float64"
-        else:
-            raise TypeError(f"sum() got an unexpected option {k!r}")
-    return out
+def _reduction_options(reduction, backend, kw, opts=None):
+    """``(backend, opts, other keywords)`` from the keywords pykeops's reductions take.
+
+    pykeops's backend names ("CPU", "GPU", "GPU_1D", ...) map to ours; the accuracy options
+    (``dtype_acc``, ``use_double_acc``, ``sum_scheme``) follow pykeops's rules
+    (:func:`lazytensor.genred.reduction_options`: sum-type reductions only); options that
+    tune pykeops's CUDA code (``enable_chunks``, ``use_fast_math``, ``device_id``) are
+    accepted without effect. The rest (``call``, ``out``, ``ranges`` ...) go on to
+    :meth:`LazyTensor._reduce`, which rejects unknown ones by name.
+    """
+    kw = dict(kw)
+    acc = {k: kw.pop(k) for k in ("dtype_acc", "use_double_acc", "sum_scheme") if k in kw}
+    for k in IGNORED_OPTIONS:
+        kw.pop(k, None)
+    opts = {**(opts or {}), **reduction_options(reduction, **acc)}
+    return keops_backend(backend), opts, kw
+
+
+def _no_dim(dim, axis, backend, kw) -> bool:
+    """No ``dim``/``axis`` and no reduction option: pykeops's default ``dim=-1`` (the vector).
+
+    With options but no dim the call is meant as a reduction: it goes on to the error that
+    asks for dim=0 or dim=1.
+    """
+    return dim is None and axis is None and backend == "auto" and not kw
 
 
 def _describe_operand(lt: LazyTensor) -> str:

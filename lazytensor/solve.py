@@ -27,7 +27,7 @@ from codegen import ir, ops, parse
 
 from . import engine
 from .binding import Variable, bind, is_torch
-from .genred import bind_arguments, reduction_options
+from .genred import IGNORED_OPTIONS, bind_arguments, keops_backend, reduction_options
 
 
 @dataclass(frozen=True, eq=False)
@@ -202,7 +202,8 @@ def _check_alpha(alpha):
     return float(alpha)
 
 
-def solve(K, b, alpha=0.0, eps=1e-6, maxiter=None, var=None, backend="auto"):
+def solve(K, b, alpha=0.0, eps=1e-6, maxiter=None, var=None, backend="auto", call=True,
+          dtype_acc="auto", use_double_acc=False, sum_scheme="auto", **ignored):
     """Solve ``(alpha I + K) x = b`` for a symmetric positive (semi-)definite kernel ``K``.
 
     ``K`` is a scalar LazyTensor over (i, j) built on the same points on both sides
@@ -210,7 +211,10 @@ def solve(K, b, alpha=0.0, eps=1e-6, maxiter=None, var=None, backend="auto"):
     ``K`` is instead a formula linear in ``var`` and the operator is ``var -> K.sum(1)``.
     ``b`` is ``(N,)`` or ``(N, E)`` (or a ``Vi`` LazyTensor); ``x`` has its shape. Stops when
     ``‖r‖ ≤ eps ‖b‖`` for every column. Differentiable in ``b``, ``alpha`` and the kernel's
-    tensors.
+    tensors. As pykeops's ``K.solve``, it takes the kernel products' options (``backend``
+    with pykeops's names, ``dtype_acc``, ``use_double_acc``, ``sum_scheme``) and accepts
+    ``enable_chunks``/``device_id``-style ones without effect; ``call=False`` (a callable
+    to bind later) is not supported.
 
     >>> import numpy as np
     >>> from lazytensor import Vi, Vj
@@ -224,6 +228,14 @@ def solve(K, b, alpha=0.0, eps=1e-6, maxiter=None, var=None, backend="auto"):
     if not isinstance(K, LazyTensor):
         raise TypeError(f"solve: K must be a LazyTensor, got {type(K).__name__}")
     alpha = _check_alpha(alpha)
+    if call is not True:
+        raise NotImplementedError("K.solve(b, call=False) is not supported: call K.solve(b) on the "
+                                  "arrays themselves")
+    unknown_kw = [k for k in ignored if k not in IGNORED_OPTIONS]
+    if unknown_kw:
+        raise TypeError(f"solve() got an unexpected keyword argument {unknown_kw[0]!r}")
+    opts = tuple(sorted(reduction_options("sum", dtype_acc, use_double_acc, sum_scheme).items()))
+    backend = keops_backend(backend)
     rhs, shape_back = _rhs(b)
     variables = list(K.variables)
     if var is None:
@@ -236,7 +248,7 @@ def solve(K, b, alpha=0.0, eps=1e-6, maxiter=None, var=None, backend="auto"):
         unknown = _find_leaf(K, var)
         formula = K.formula
     _check_square(bind(K.variables), variables[unknown].dim, rhs, formula)
-    op = KernelOperator(formula, tuple(variables), unknown, 1, (), backend)
+    op = KernelOperator(formula, tuple(variables), unknown, 1, opts, backend)
     datas = [None if k == unknown else v.data for k, v in enumerate(variables)]
     return shape_back(_solve(op, datas, rhs, alpha, eps, maxiter))
 
@@ -283,7 +295,7 @@ class KernelSolve:
 
     def __init__(self, formula, aliases, varinvalias, axis=0, dtype=None, opt_arg=None,
                  dtype_acc="auto", use_double_acc=False, sum_scheme="auto", enable_chunks=True,
-                 rec_multVar_highdim=None):
+                 rec_multVar_highdim=None, use_fast_math=True, cuda_type=None):
         if isinstance(axis, bool) or axis not in (0, 1):
             raise ValueError(f"axis must be 0 (reduction over i) or 1 (over j), got {axis!r}")
         scope = parse.Scope(aliases)
@@ -315,6 +327,6 @@ class KernelSolve:
         if sig.N != sig.M:
             raise ValueError(f"KernelSolve: the kernel must be square, got N = {sig.N}, M = {sig.M}")
         op = KernelOperator(self.formula, tuple(variables), self.unknown, self.axis, self.opts,
-                            str(backend).lower())
+                            str(keops_backend(backend)).lower())
         datas = [None if k == self.unknown else v.data for k, v in enumerate(variables)]
         return _solve(op, datas, rhs, alpha, eps, maxiter)

@@ -220,7 +220,8 @@ def test_leaf_constructors(rng):
     assert (Vi(x) - Vj(y)).shape == (5, 7, 3)
     assert (LazyTensor(x, axis=0) - LazyTensor(y, axis=1)).shape == (5, 7, 3)
     assert (Vi(x) | Vj(y)).shape == (5, 7)  # a scalar formula, as pykeops
-    assert (Vi(x) | Vj(y)).ndim == 3
+    # as pykeops: ndim is the vector dimension D, dim() the number of axes
+    assert (Vi(x) | Vj(y)).ndim == 1 and (Vi(x) - Vj(y)).ndim == 3 and (Vi(x) | Vj(y)).dim() == 3
     assert Vi(x[:, 0]).shape == (5, 1)  # 1D arrays are (N, 1): a scalar formula
     assert (Vi(x) * Pm(2.0)).shape == (5, 1, 3)
     with pytest.raises(ValueError, match="axis"):
@@ -361,7 +362,7 @@ def test_dim_and_axis_with_batch_offsets(rng):
     y = rng.standard_normal((B, 1, Mm, 2))
     F = (LazyTensor(x) - LazyTensor(y)) ** 2
     V = (x - y) ** 2
-    assert F.shape == (B, Nn, Mm, 2) and F.ndim == 4 and F.nbatchdims == 1
+    assert F.shape == (B, Nn, Mm, 2) and F.dim() == 4 and F.ndim == 2 and F.nbatchdims == 1
     be = {"backend": "numpy"}
     np.testing.assert_allclose(F.sum(dim=2, **be), V.sum(2))  # over j
     np.testing.assert_allclose(F.sum(axis=2, **be), V.sum(2))
@@ -441,7 +442,8 @@ def test_backends_agree_and_unknown_backend(rng):
     np.testing.assert_allclose(a, b, rtol=1e-12)
     np.testing.assert_allclose(c, b, rtol=1e-12)
     np.testing.assert_allclose(d, b, rtol=1e-12)
-    for bad in ("gpu", "CPU", "keops"):
+    np.testing.assert_allclose(F.sum(dim=1, backend="CPU"), b, rtol=1e-12)  # pykeops's name
+    for bad in ("gpu", "Cpu", "keops", "GPU_3D"):
         with pytest.raises(ValueError, match="backend"):
             F.sum(dim=1, backend=bad)
     with pytest.raises(ValueError, match="backend"):

@@ -494,11 +494,24 @@ CASES = [
     # ------------------------------------------------------- options and backends
     Case("sum_unknown_option", lambda: dot().sum(dim=1, foo=1), TypeError, ("sum()", "'foo'")),
     Case("min_unknown_keyword", lambda: dot().min(dim=1, foo=1), TypeError, ("min()", "'foo'")),
+    Case("argKmin_unknown_keyword", lambda: dot().argKmin(2, dim=1, foo=1), TypeError, ("'foo'",)),
+    Case(  # pykeops: only sum-type reductions accumulate
+        "argKmin_sum_scheme",
+        lambda: dot().argKmin(2, dim=1, sum_scheme="kahan_scheme"),
+        ValueError,
+        ("sum_scheme='kahan_scheme'", "sum-type", "argkmin"),
+    ),
     Case(
-        "argKmin_unknown_keyword",
-        lambda: dot().argKmin(2, dim=1, sum_scheme="direct_sum"),
-        TypeError,
-        ("'sum_scheme'",),
+        "min_dtype_acc",
+        lambda: dot().min(dim=1, dtype_acc="float64"),
+        ValueError,
+        ("dtype_acc='float64'", "sum-type", "min"),
+    ),
+    Case(
+        "double_acc_twice",
+        lambda: dot().sum(dim=1, dtype_acc="float32", use_double_acc=True),
+        ValueError,
+        ("use_double_acc", "dtype_acc='float32'"),
     ),
     Case(
         "bad_sum_scheme",
@@ -524,7 +537,9 @@ CASES = [
     # ------------------------------------------------------- reduction dims
     Case("dim_3_unbatched", lambda: dot().sum(dim=3), ValueError, ("dim=3", "dim=0", "dim=1")),
     Case("dim_string", lambda: dot().min(dim="x"), ValueError, ("dim must be an integer", "'x'")),
-    Case("dim_missing", lambda: dot().sum(), ValueError, ("dim=0", "dim=1")),
+    # sum() alone is the vector sum (pykeops's default dim=-1); with options, a reduction
+    Case("dim_missing", lambda: dot().sum(backend="cpu"), ValueError, ("dim=0", "dim=1")),
+    Case("dim_missing_reduction", lambda: dot().sum_reduction(), ValueError, ("dim=0", "dim=1")),
     Case("dim_float", lambda: dot().argmin(dim=1.0), ValueError, ("dim must be an integer", "1.0")),
     Case(
         "dim_and_axis_disagree", lambda: dot().sum(dim=1, axis=0), ValueError, ("dim=1", "axis=0")
