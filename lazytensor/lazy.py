@@ -100,6 +100,8 @@ class LazyTensor:
                 self.formula = ir.var(0, 1, "p")
                 self.variables = [Variable(float(x), "p", 1, label)]
             return
+        if isinstance(x, tuple) and len(x) == 3 and all(_is_int(v) for v in x):
+            _symbolic(f"LazyTensor({x})", x[1], {0: "Vi", 1: "Vj"}.get(x[2], "Pm"))  # (ind, dim, cat)
         data, cat = _canonical(_as_array(x), axis)
         dim = int(data.shape[-1])
         if dim < 1:
@@ -344,6 +346,30 @@ class LazyTensor:
     def concat(self, other):
         return self._op("concat", other)
 
+    @staticmethod
+    def concatenate(lazytensors, axis=-1):
+        """Concatenation of a tuple of LazyTensors along the vector dimension (pykeops's
+        ``LazyTensor.concatenate((x, y, z), -1)``)."""
+        if not isinstance(lazytensors, (tuple, list)) or not lazytensors:
+            raise ValueError("LazyTensor.concatenate takes a non-empty tuple of LazyTensors, got "
+                             f"{type(lazytensors).__name__}")
+        first = lazytensors[0]
+        if not isinstance(first, LazyTensor):
+            raise TypeError(f"LazyTensor.concatenate: the first item must be a LazyTensor, got "
+                            f"{type(first).__name__}")
+        if not first._vector_dim(axis):
+            raise ValueError(f"LazyTensor.concatenate: only along the vector dimension (axis=-1 or "
+                             f"{first.nbatchdims + 2}), got axis={axis!r}")
+        out = first
+        for other in lazytensors[1:]:
+            out = out.concat(other)
+        return out
+
+    @staticmethod
+    def cat(lazytensors, dim):
+        """torch-style alias of :meth:`concatenate`."""
+        return LazyTensor.concatenate(lazytensors, dim)
+
     def t(self):
         """Exchange the roles of i and j (the transposed kernel)."""
         variables = [Variable(v.data, {"i": "j", "j": "i", "p": "p"}[v.cat], v.dim, v.label)
@@ -392,6 +418,10 @@ class LazyTensor:
     def ceil(self): return self._op("ceil")
     def xlogx(self): return self._op("xlogx")
     def sinxdivx(self): return self._op("sinxdivx")
+
+    def sinc(self):
+        """``sin(πx) / (πx)`` (1 at 0), as pykeops."""
+        return (self * np.pi).sinxdivx()
     def atan2(self, other): return self._op("atan2", other)
 
     def round(self, d: int = 0):
@@ -833,18 +863,37 @@ def _copy_into(out, result):
         np.copyto(out, result)
 
 
+def _symbolic(call: str, dim, helper: str):
+    """pykeops's symbolic variables ``Vi(index, dim)`` (bound when a ``call=False`` reduction
+    is called) are not supported: say so rather than build a constant."""
+    raise NotImplementedError(
+        f"{call}: symbolic variables (an index and a dimension, bound at call time) are not "
+        f"supported; wrap the array itself ({helper}(x)), or use Genred with aliases such as "
+        f"'x = {helper}({dim})'")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
 def Vi(x, label: str = "") -> LazyTensor:
     """An i-indexed variable from a 2D array (N, D) (or 1D (N,))."""
+    if _is_int(x) and _is_int(label):
+        _symbolic(f"Vi({x}, {label})", label, "Vi")
     return LazyTensor(x, axis=0, label=label)
 
 
 def Vj(x, label: str = "") -> LazyTensor:
     """A j-indexed variable from a 2D array (M, D) (or 1D (M,))."""
+    if _is_int(x) and _is_int(label):
+        _symbolic(f"Vj({x}, {label})", label, "Vj")
     return LazyTensor(x, axis=1, label=label)
 
 
 def Pm(x, label: str = "") -> LazyTensor:
     """A parameter from a number or a 1D array (D,)."""
+    if _is_int(x) and _is_int(label):
+        _symbolic(f"Pm({x}, {label})", label, "Pm")
     if isinstance(x, numbers.Number):
         return LazyTensor(float(x), label=label)
     x = _as_array(x)

@@ -490,6 +490,10 @@ def test_lazytensor_ops_as_users_write_them(rng):
         (2.0 ** x_i.elem(0) + (x_i - y_j).abs() ** (y_j.abs()[0] + 0.5),
          2.0 ** xd[..., :1] + np.abs(xd - yd) ** (np.abs(yd[..., :1]) + 0.5)),
         ((x_i - y_j).sum(), (xd - yd).sum(-1, keepdims=True)),
+        (LazyTensor.cat(((x_i - y_j).sinc(), y_j[0]), dim=-1)
+         + LazyTensor.concatenate((y_j, x_i[2]), axis=-1),
+         np.concatenate([np.sinc(xd - yd), yd[..., :1] * one], -1)
+         + np.concatenate([yd * one, xd[..., 2:3] * one], -1)),
     ]
     formula = exprs[0][0]
     for e, _ in exprs[1:]:
@@ -574,3 +578,10 @@ def test_clear_errors_for_what_pykeops_rejects_too(rng):
         x_i.sqdist(y_j).sum(backend="CPU")  # options but no dim: meant as a reduction
     with pytest.raises(ValueError, match="2D array of shape"):
         LazyTensor(x)  # a 2D array needs axis=, as pykeops
+    # pykeops's symbolic variables (bound at call time) are not supported: no silent constant
+    with pytest.raises(NotImplementedError, match=r"Vi\(0, 3\).*'x = Vi\(3\)'"):
+        Vi(0, 3)
+    with pytest.raises(NotImplementedError, match=r"LazyTensor\(\(1, 2, 1\)\).*Vj\(2\)"):
+        LazyTensor((1, 2, 1))
+    with pytest.raises(ValueError, match="vector dimension"):
+        LazyTensor.cat((x_i, y_j), dim=0)
