@@ -35,7 +35,9 @@ from __future__ import annotations
 
 from . import ir
 from .cpu_plan import CpuPlan, plan_cpu
-from .render_c import VarSpec, cpu_renames, render_function, render_shared, tile_size
+from .render_c import (VarSpec, _prelude, cpu_renames, render_formula, render_function,
+                       render_shared, tile_size)
+from .render_wide import wide_acc_code, wide_call, wide_sum
 
 L2_CHUNK_BYTES = 262144  # staged j-data of one chunk, reused by every row block of an item
 MAX_ROWS_PER_ITEM = 256  # rows of a work item (fewer when N is small or Acc is large)
@@ -341,8 +343,9 @@ def _stage(L: _Layout) -> str:
     return "\n".join(out)
 
 
-def _row_block(L: _Layout, F: int, R: int) -> str:
-    """``lt_rows``: rows [i0, i1) against columns [jb, je) into ``accs``."""
+def _row_block(L: _Layout, F: int, R: int, after_tile: str = "") -> str:
+    """``lt_rows``: rows [i0, i1) against columns [jb, je) into ``accs`` (``after_tile``:
+    a statement run after each ``Acc::tile``, see :mod:`codegen.render_wide`)."""
     ptr_args = ", ".join(f"const T* __restrict__ P{v.index}" for v in L.orig)
     decl = [f"  alignas(64) T fb[{F} * TJ];"]
     nrv = L.n_row_values
@@ -466,7 +469,7 @@ def _row_block(L: _Layout, F: int, R: int) -> str:
             lt_formula({", ".join(call)}, o);
             for (int k = 0; k < {F}; ++k) fb[k * TJ + jj] = o[k];
           }}
-          accs[i - i0].tile(fb, nj, j0);"""
+          accs[i - i0].tile(fb, nj, j0);{after_tile}"""
     return f"""
 // Rows [i0, i1) against columns [jb, je), chunk by chunk. Returns 1 when out of memory.
 static int lt_rows({ptr_args}, int64_t i0, int64_t i1, int64_t jb, int64_t je, Acc* accs) {{
@@ -511,19 +514,40 @@ def _item_pointers(L: _Layout) -> str:
 
 def render_cpu_kernel(formula, var_specs, reduction: str, opts: dict, dtype: str,
                       dot_tiling: bool | None = None) -> str:
-    """Complete C++ source of the CPU kernel ``lt_run`` (see the module docstring)."""
+    """Complete C++ source of the CPU kernel ``lt_run`` (see the module docstring).
+
+    A Sum of wide terms that are weights times j-variables runs its narrow part in the
+    pair loop and the rest as weighted sums of the j-vectors (:mod:`codegen.render_wide`)."""
+    lin = wide_sum(formula, reduction)
+    if lin is not None:
+        src = _render(lin.narrow, var_specs, reduction, opts, dtype, dot_tiling, lin)
+        if src is not None:
+            return src
+    return _render(formula, var_specs, reduction, opts, dtype, dot_tiling)
+
+
+def _render(formula, var_specs, reduction, opts, dtype, dot_tiling, lin=None) -> str | None:
     F = formula.dim
     plan = plan_cpu(formula, max([v.index + 1 for v in var_specs] + [0]), dot_tiling)
     L = _Layout(var_specs, plan)
+    if lin is not None and L.wide:
+        return None  # the narrow part still reads a wide vector pair by pair
     size = 4 if dtype == "float32" else 8
     R = "LT_R" if L.dots else "1"  # rows per block: LT_R depends on the vector width
     tj = max(tile_size(F, dtype), 64) if L.dots else tile_size(F, dtype)
     jch = max(tj, L2_CHUNK_BYTES // L.j_bytes(size) // tj * tj)
     nv = max(1, L.n_orig)
-    src = [render_shared(plan.formula, L.formula_specs, reduction, opts, dtype, tj=tj,
-                         rename=cpu_renames)]
+    if lin is None:
+        src = [render_shared(plan.formula, L.formula_specs, reduction, opts, dtype, tj=tj,
+                             rename=cpu_renames)]
+    else:  # the narrow formula, and the weighted sums' Acc (after the vector types)
+        acc_dtype = opts.get("dtype_acc") or "float64"
+        src = [_prelude(dtype, acc_dtype) + f"static const int TJ = {tj};\n"
+               + render_formula(plan.formula, L.formula_specs, dtype, cpu_renames)]
     src.append("#ifdef _OPENMP\n#include <omp.h>\n#endif\n")
     src.append(_vector_header())
+    if lin is not None:
+        src.append(wide_acc_code(lin, opts))
     src.append(f"static const int64_t JCH = {jch};  // columns per staged chunk\n")
     if L.n_row_values:
         row_in = [v for v in L.orig if v.cat in ("i", "p")]
@@ -539,7 +563,7 @@ def render_cpu_kernel(formula, var_specs, reduction: str, opts: dict, dtype: str
         src.append(_dot_kernel(D))
     for D in sorted({d.dim for d in L.dots if d.kind == "sqdist"}):
         src.append(_sqdist_fix(D))
-    src.append(_row_block(L, F, R))
+    src.append(_row_block(L, F, R, "" if lin is None else "\n          " + wide_call(lin)))
     src.append(f"""
 // Rows per work item: a multiple of {R}, the per-row accumulators within 64 KB of stack.
 enum {{ LT_MAX_IB = (sizeof(Acc) * {MAX_ROWS_PER_ITEM} <= 65536) ? {MAX_ROWS_PER_ITEM} / {R} * {R}

@@ -1,0 +1,139 @@
+"""CPU sums of vector-valued terms as weighted sums of j-vectors (see codegen.linearize).
+
+For a Sum whose formula is ``Σ_t coef_t s_t(i, j) B_t(j)`` plus narrow components (``K @ V``
+with V of 64 columns, gradients of kernels in dimension 64 once their row terms are split
+off), the pair loop evaluates only the narrow formula -- the weights ``s_t`` and the
+direct components -- vectorized across j like any scalar kernel. Per tile of j, each
+column term then adds ``Σ_jj s_t[jj] B_t[j0 + jj, :]`` to its slice of the accumulator:
+a product of a row of weights with a (tile × E) block of B read in place (row-major, as
+the user's array), the E accumulators of a pass in vector registers (up to 8 vectors)
+and each weight broadcast. Partial sums of a tile are in T and added to the running
+accumulator in TA, as ``block_sum`` does.
+
+This module emits that ``Acc`` and the call the pair loop makes after ``Acc::tile``; the
+skeleton is :mod:`codegen.render_cpu`'s.
+"""
+
+from __future__ import annotations
+
+from . import ir
+from .linearize import Linear, linearize
+
+WIDE = 16  # formulas up to this dimension already vectorize across j
+
+
+def wide_sum(formula: ir.Node, reduction: str) -> Linear | None:
+    """The weighted-sum form the CPU kernel can use, or None: a Sum whose wide terms are
+    all weights times j-variables (row terms are split off before, by the caller)."""
+    if reduction != "sum" or formula.dim <= WIDE:
+        return None
+    lin = linearize(formula, max_narrow=WIDE)
+    if lin is None or lin.row_terms or not lin.col_terms:
+        return None
+    return lin
+
+
+_TEMPLATES = """
+// out[e] = sum_jj w[jj] * B[jj * E + e] for e in [E0, E): passes of up to 8 vectors of
+// accumulators in registers, each weight broadcast, B read row by row (stride E).
+template <int E, int E0, int NV>
+static LT_INLINE void lt_wpass(const T* __restrict__ w, const T* __restrict__ B, int nj,
+                               T* __restrict__ out) {
+  lt_vec acc[NV];
+  #pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v) acc[v] = lt_vec{};
+  for (int jj = 0; jj < nj; ++jj) {
+    const lt_vec s = lt_vec{} + w[jj];
+    const T* b = B + (size_t)jj * E + E0;
+    #pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      lt_vec x;
+      memcpy(&x, b + v * LT_W, sizeof(lt_vec));
+      acc[v] += s * x;
+    }
+  }
+  #pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v) memcpy(out + E0 + v * LT_W, &acc[v], sizeof(lt_vec));
+}
+template <int E, int E0, bool MORE = (E - E0 >= LT_W)>
+struct LtWsum {
+  enum { LEFT = (E - E0) / LT_W, NV = LEFT < 8 ? LEFT : 8 };
+  static LT_INLINE void run(const T* w, const T* B, int nj, T* out) {
+    lt_wpass<E, E0, NV>(w, B, nj, out);
+    LtWsum<E, E0 + NV * LT_W>::run(w, B, nj, out);
+  }
+};
+template <int E, int E0>
+struct LtWsum<E, E0, false> {  // the last E - E0 < LT_W components
+  static LT_INLINE void run(const T* w, const T* B, int nj, T* out) {
+    for (int e = E0; e < E; ++e) {
+      T t = 0;
+      for (int jj = 0; jj < nj; ++jj) t += w[jj] * B[(size_t)jj * E + e];
+      out[e] = t;
+    }
+  }
+};
+"""
+
+
+def _coef(c: float) -> str:
+    return "" if c == 1.0 else f"(T){float.hex(c)} * "
+
+
+def wide_acc_code(lin: Linear, opts: dict) -> str:
+    """``struct Acc`` for ``lin`` (the full output, F = lin.dim components) and the
+    templates it uses; ``tile`` handles the direct components, ``wtile`` the column terms
+    (``B{k}`` is the item's pointer to j-variable k, row 0)."""
+    F = lin.dim
+    kahan = opts.get("sum_scheme") == "kahan_scheme"
+    add = ("{ TA y = (TA)(x) - c[q]; TA t = s[q] + y; c[q] = (t - s[q]) - y; s[q] = t; }"
+           if kahan else "s[q] += (TA)(x);")
+    direct = []
+    for comp, off in lin.direct:
+        direct.append(f"    {{ T t = 0; _Pragma(\"omp simd reduction(+:t)\") for (int jj = 0; jj < nj; ++jj) "
+                      f"t += fb[{comp} * TJ + jj]; const T x = t; const int q = {off}; {add} }}")
+    push_direct = [f"    {{ const T x = f[{comp}]; const int q = {off}; {add} }}"
+                   for comp, off in lin.direct]
+    bvars = sorted({t.factor.index for t in lin.col_terms})
+    params = ", ".join(f"const T* __restrict__ B{k}" for k in bvars)
+    cols, push_cols = [], []
+    for t in lin.col_terms:
+        k, E = t.factor.index, t.dim
+        cols.append(f"    LtWsum<{E}, 0>::run(fb + {t.weight} * TJ, B{k} + j0 * {E}, nj, part);\n"
+                    f"    for (int e = 0; e < {E}; ++e) {{ const T x = {_coef(t.coef)}part[e]; "
+                    f"const int q = {t.offset} + e; {add} }}")
+        push_cols.append(f"    for (int e = 0; e < {E}; ++e) {{ const T x = {_coef(t.coef)}f[{t.weight}] * "
+                         f"B{k}[j * {E} + e]; const int q = {t.offset} + e; {add} }}")
+    emax = max(t.dim for t in lin.col_terms)
+    merge_add = add.replace("(TA)(x)", "x")
+    nl = "\n"
+    return _TEMPLATES + f"""
+struct Acc {{
+  TA s[{F}]; TA c[{F}];
+  LT_INLINE void init() {{ for (int q = 0; q < {F}; ++q) {{ s[q] = 0; c[q] = 0; }} }}
+  // the direct components of a tile (fb: the narrow formula, fb[q * TJ + jj])
+  LT_INLINE void tile(const T* fb, int nj, int64_t j0) {{
+    (void)fb; (void)nj; (void)j0;
+{nl.join(direct)}
+  }}
+  // the column terms of the same tile, B_k read from row j0
+  LT_INLINE void wtile(const T* fb, int nj, int64_t j0, {params}) {{
+    alignas(64) T part[{emax}];
+{nl.join(cols)}
+  }}
+  LT_INLINE void push(const T* f, int64_t j, {params}) {{
+{nl.join(push_direct + push_cols)}
+  }}
+  LT_INLINE void merge(const Acc& o) {{ for (int q = 0; q < {F}; ++q) {{ const TA x = o.s[q] - o.c[q]; {merge_add} }} }}
+  LT_INLINE void write(void* const* outs, int64_t row) const {{
+    T* o = (T*)outs[0] + row * {F};
+    for (int q = 0; q < {F}; ++q) o[q] = (T)(s[q] - c[q]);
+  }}
+}};
+"""
+
+
+def wide_call(lin: Linear, acc: str = "accs[i - i0]") -> str:
+    """The statement the pair loop runs after ``Acc::tile`` (item pointers ``P{k}``)."""
+    bvars = sorted({t.factor.index for t in lin.col_terms})
+    return f"{acc}.wtile(fb, nj, j0, {', '.join(f'P{k}' for k in bvars)});"
