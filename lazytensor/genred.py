@@ -173,12 +173,16 @@ class Genred:
 
     def __call__(self, *args, backend="auto", device_id=-1, ranges=None, out=None):
         """Run the reduction on one array per variable (index order)."""
-        if ranges is not None:
-            raise NotImplementedError("block-sparse ranges are not supported")
         backend = str(keops_backend(backend)).lower()
         variables = bind_arguments(self.variables, args)
-        result = engine.reduce(self.formula, variables, self.reduction, self.axis, self.opts,
-                               str(backend).lower())
+        if ranges is not None:  # block-sparse (see lazytensor.ranges)
+            from . import ranges as ranges_mod
+
+            result = ranges_mod.reduce(self.formula, variables, self.reduction, self.axis,
+                                       self.opts, str(backend).lower(), None, ranges)
+        else:
+            result = engine.reduce(self.formula, variables, self.reduction, self.axis, self.opts,
+                                   str(backend).lower())
         if out is not None:
             if is_torch(out):
                 out.copy_(result)

@@ -43,10 +43,16 @@ class KernelOperator:
     axis: int
     opts: tuple = ()
     backend: str = "auto"
+    ranges: tuple | None = None  # block-sparse (see lazytensor.ranges)
 
     def __call__(self, datas, v):
         variables = [Variable(v if k == self.unknown else d, t.cat, t.dim, t.label)
                      for k, (t, d) in enumerate(zip(self.template, datas))]
+        if self.ranges is not None:
+            from . import ranges
+
+            return ranges.reduce(self.formula, variables, "sum", self.axis, dict(self.opts),
+                                 self.backend, None, self.ranges)
         return engine.reduce(self.formula, variables, "sum", self.axis, dict(self.opts), self.backend)
 
 
@@ -248,7 +254,7 @@ def solve(K, b, alpha=0.0, eps=1e-6, maxiter=None, var=None, backend="auto", cal
         unknown = _find_leaf(K, var)
         formula = K.formula
     _check_square(bind(K.variables), variables[unknown].dim, rhs, formula)
-    op = KernelOperator(formula, tuple(variables), unknown, 1, opts, backend)
+    op = KernelOperator(formula, tuple(variables), unknown, 1, opts, backend, K.ranges)
     datas = [None if k == unknown else v.data for k, v in enumerate(variables)]
     return shape_back(_solve(op, datas, rhs, alpha, eps, maxiter))
 
@@ -316,8 +322,6 @@ class KernelSolve:
 
     def __call__(self, *args, backend="auto", device_id=-1, alpha=1e-10, eps=1e-6, maxiter=None,
                  ranges=None):
-        if ranges is not None:
-            raise NotImplementedError("block-sparse ranges are not supported")
         alpha = _check_alpha(alpha)
         variables = bind_arguments(self.variables, args)
         rhs = variables[self.unknown].data
@@ -327,6 +331,6 @@ class KernelSolve:
         if sig.N != sig.M:
             raise ValueError(f"KernelSolve: the kernel must be square, got N = {sig.N}, M = {sig.M}")
         op = KernelOperator(self.formula, tuple(variables), self.unknown, self.axis, self.opts,
-                            str(keops_backend(backend)).lower())
+                            str(keops_backend(backend)).lower(), ranges)
         datas = [None if k == self.unknown else v.data for k, v in enumerate(variables)]
         return _solve(op, datas, rhs, alpha, eps, maxiter)
