@@ -60,6 +60,7 @@ class Linear:
     col_terms: tuple  # Terms whose factor is a j-variable
     direct: tuple  # (component of narrow, output component): scalars summed as they are
     dim: int  # the formula's dimension
+    components: tuple = ()  # narrow's components, one node each
 
     @property
     def n_weights(self) -> int:
@@ -166,6 +167,8 @@ def linearize(formula: ir.Node, max_narrow: int = MAX_NARROW) -> Linear | None:
         for w, f, c in terms:
             if not (f.op == "var" and f.cat == "j" or not _has_j(f, memo)):
                 return None
+            if f.op == "const" and not any(f.params):
+                continue  # a zero vector (split_rows leaves them where only row terms were)
             w = simplify(w)
             by_weight = grouped.setdefault((f, offset), {})
             by_weight[w] = by_weight.get(w, 0.0) + c
@@ -195,4 +198,47 @@ def linearize(formula: ir.Node, max_narrow: int = MAX_NARROW) -> Linear | None:
     narrow = comps[0]
     for c in comps[1:]:
         narrow = ops.apply("concat", narrow, c)
-    return Linear(narrow, tuple(row_terms), tuple(col_terms), direct, formula.dim)
+    return Linear(narrow, tuple(row_terms), tuple(col_terms), direct, formula.dim, tuple(comps))
+
+
+@dataclass(frozen=True)
+class RowSplit:
+    """``Σ_j F = (Σ_j G)[:, :F.dim] + Σ_t coef_t L_t(i) (Σ_j G)[:, weight_t]`` at the terms'
+    offsets: ``G`` has no row terms left (its sums run as weighted sums of j-vectors)."""
+
+    G: ir.Node
+    terms: tuple  # Terms whose ``weight`` is a component of G (>= F.dim) and factor free of j
+    dim: int
+
+
+def split_rows(formula: ir.Node) -> RowSplit | None:
+    """Move the row terms ``coef s(i, j) L(i)`` of a wide formula out of the pair loop: the
+    kernel sums the weights ``s`` (one more component each), the caller multiplies by
+    ``L(i)`` once per row. None when the formula has no row terms (or is not linear)."""
+    lin = linearize(formula)
+    if lin is None or not lin.row_terms:
+        return None
+    comps = lin.components
+    direct = {off: comps[q] for q, off in lin.direct}
+    regions = []
+    for offset, piece in _pieces(formula):
+        if piece.dim == 1:
+            regions.append(direct[offset])
+            continue
+        acc = None
+        for t in lin.col_terms:
+            if t.offset == offset:
+                w = comps[t.weight]
+                if t.coef != 1.0:
+                    w = ops.apply("mul", ir.const(t.coef), w)
+                term = ops.apply("mul", w, t.factor)
+                acc = term if acc is None else ops.apply("add", acc, term)
+        regions.append(acc if acc is not None else ir.const([0.0] * piece.dim))
+    weights = sorted({t.weight for t in lin.row_terms})
+    index = {w: formula.dim + k for k, w in enumerate(weights)}
+    G = regions[0]
+    for r in regions[1:] + [comps[w] for w in weights]:
+        G = ops.apply("concat", G, r)
+    terms = tuple(Term(index[t.weight], t.factor, t.offset, t.coef) for t in lin.row_terms)
+    return RowSplit(G, terms, formula.dim)
+

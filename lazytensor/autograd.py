@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from codegen import diff, ir, ops
+import dataclasses
+
+from codegen import diff, ir, linearize, ops
 
 from . import reference
 from .engine import ReductionCall, execute
@@ -128,7 +130,7 @@ def _sum_vjp(call, G, inputs, extra, g, needs) -> list:
             continue
         formula = _concat([cot[xs[k]] for k in ks])
         sub = call.with_formula(formula, cats, dims, "sum", _sum_opts(call), axis=axis)
-        (total,) = KernelReduction.apply(sub, *args)
+        total = sum_split_rows(sub, args)
         offset = 0
         for k in ks:
             d = call.dims[k]
@@ -138,6 +140,38 @@ def _sum_vjp(call, G, inputs, extra, g, needs) -> list:
                 part = part.sum(dim=-2)
             result[k] = _unbroadcast(part, inputs[k].shape)
     return result
+
+
+def sum_split_rows(call: ReductionCall, args: list):
+    """``Σ_j`` of ``call``'s formula, with its row terms ``s(i, j) L(i)`` (gradients of
+    kernels in high dimension: ``c_ij (x_i - y_j)``) multiplied by ``L(i)`` after the sum,
+    so that the kernel runs weighted sums of j-vectors (:mod:`codegen.linearize`)."""
+    split = linearize.split_rows(call.formula) if call.backend != "numpy" else None
+    if split is None:
+        return KernelReduction.apply(call, *args)[0]
+    (G,) = KernelReduction.apply(dataclasses.replace(call, formula=split.G), *args)
+    out = G[..., : split.dim]
+    arrays = {}
+    for k, (a, cat) in enumerate(zip(args, call.cats)):
+        if cat == "i":
+            arrays[k] = a
+        elif cat == "p":
+            arrays[k] = a.unsqueeze(-2)  # (*batch, 1, D) against (*batch, N, D)
+    xp = reference.arraymath.torch_namespace()
+    pieces = {}
+    for t in split.terms:
+        L = reference.evaluate(t.factor, arrays, xp) if t.factor.op != "const" else \
+            G.new_tensor(list(t.factor.params))
+        term = (t.coef * G[..., t.weight: t.weight + 1]) * L
+        prev = pieces.get(t.offset)
+        pieces[t.offset] = term if prev is None else prev + term
+    parts, pos = [], 0
+    for off in sorted(pieces):
+        term = pieces[off]
+        parts += [out[..., pos:off], out[..., off: off + term.shape[-1]] + term]
+        pos = off + term.shape[-1]
+    parts.append(out[..., pos:])
+    return torch.cat(parts, -1)
 
 
 def _sum_opts(call) -> tuple:

@@ -69,3 +69,26 @@ def test_wide_sum_gradients_match_dense(rng):
     want = torch.autograd.grad(((Kd @ V) * g).sum(), (x, y, V))
     for a, w in zip(grads, want):
         torch.testing.assert_close(a, w, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("D", [20, 64])
+def test_high_dimensional_gradients_split_row_terms(D, rng):
+    """∂/∂x of Σ_j k(x_i, y_j) b_j in dimension D: c_ij (x_i - y_j) runs as x_i Σ_j c_ij
+    minus a weighted sum of the y_j; first and second order against dense torch, batched."""
+    torch = pytest.importorskip("torch")
+    x = torch.rand(2, 50, 1, D, dtype=torch.float64, requires_grad=True)
+    y = torch.rand(1, 1, 60, D, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(2, 1, 60, 2, dtype=torch.float64, requires_grad=True)
+    s = torch.tensor([[[[0.3 * D]]]], dtype=torch.float64, requires_grad=True)
+    K = (-LazyTensor(x).sqdist(LazyTensor(y)) / LazyTensor(s.reshape(1, 1, 1, 1))).exp()
+    out = (K * LazyTensor(b)).sum(dim=2)
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad((out * g).sum(), (x, y, b, s), create_graph=True)
+    Kd = torch.exp(-((x - y) ** 2).sum(-1) / s[..., 0])
+    want = torch.autograd.grad(((Kd @ b[:, 0]) * g).sum(), (x, y, b, s), create_graph=True)
+    for a, w in zip(grads, want):
+        torch.testing.assert_close(a, w, rtol=1e-9, atol=1e-11)
+    h = torch.autograd.grad(grads[0].square().sum() + grads[1].sum(), (x, y))
+    hw = torch.autograd.grad(want[0].square().sum() + want[1].sum(), (x, y))
+    for a, w in zip(h, hw):
+        torch.testing.assert_close(a, w, rtol=1e-8, atol=1e-10)
