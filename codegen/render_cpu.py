@@ -37,7 +37,7 @@ from . import ir
 from .cpu_plan import CpuPlan, plan_cpu
 from .render_c import (VarSpec, _prelude, cpu_renames, render_formula, render_function,
                        render_shared, tile_size)
-from .render_wide import wide_acc_code, wide_call, wide_sum
+from .render_wide import wide_acc_code, wide_call, wide_softmax_acc_code, wide_sum
 
 L2_CHUNK_BYTES = 262144  # staged j-data of one chunk, reused by every row block of an item
 MAX_ROWS_PER_ITEM = 256  # rows of a work item (fewer when N is small or Acc is large)
@@ -543,13 +543,14 @@ def _render(formula, var_specs, reduction, opts, dtype, dot_tiling, lin=None) ->
         src = [render_shared(plan.formula, L.formula_specs, reduction, opts, dtype, tj=tj,
                              rename=cpu_renames)]
     else:  # the narrow formula, and the weighted sums' Acc (after the vector types)
-        acc_dtype = opts.get("dtype_acc") or "float64"
+        acc_dtype = opts.get("dtype_acc") or ("float64" if reduction == "sum" else dtype)
         src = [_prelude(dtype, acc_dtype) + f"static const int TJ = {tj};\n"
                + render_formula(plan.formula, L.formula_specs, dtype, cpu_renames)]
     src.append("#ifdef _OPENMP\n#include <omp.h>\n#endif\n")
     src.append(_vector_header())
     if lin is not None:
-        src.append(wide_acc_code(lin, opts))
+        src.append(wide_acc_code(lin, opts) if reduction == "sum"
+                   else wide_softmax_acc_code(lin, reduction))
     src.append(f"static const int64_t JCH = {jch};  // columns per staged chunk\n")
     if L.n_row_values:
         row_in = [v for v in L.orig if v.cat in ("i", "p")]
@@ -566,6 +567,11 @@ def _render(formula, var_specs, reduction, opts, dtype, dot_tiling, lin=None) ->
     for D in sorted({d.dim for d in L.dots if d.kind == "sqdist"}):
         src.append(_sqdist_fix(D))
     src.append(_row_block(L, F, R, "" if lin is None else "\n          " + wide_call(lin)))
+    # With dot products each work item packs all its columns once: below 4 row blocks
+    # per item that packing costs more than a third of the products, so fewer, larger
+    # items are worth some imbalance between threads.
+    min_ib = ("\n  if (IB < 4 * LT_R) IB = 4 * LT_R;  // packing the columns: see the renderer"
+              if L.dots else "")
     src.append(f"""
 // Rows per work item: a multiple of {R}, the per-row accumulators within 64 KB of stack.
 enum {{ LT_MAX_IB = (sizeof(Acc) * {MAX_ROWS_PER_ITEM} <= 65536) ? {MAX_ROWS_PER_ITEM} / {R} * {R}
@@ -615,7 +621,7 @@ extern "C" int lt_run(const int64_t* args) {{
   int64_t B = 1;
   for (int k = 0; k < nbd; ++k) B *= bshape[k];
   c.N = N; c.M = M; c.nbd = nbd; c.bshape = bshape; c.vbs = vbs; c.outs = outs; c.part = 0;
-  int64_t IB = N / (8 * nthreads) + 1;
+  int64_t IB = N / (8 * nthreads) + 1;{min_ib}
   if (IB > LT_MAX_IB) IB = LT_MAX_IB;
   IB = (IB + {R} - 1) / {R} * {R};
   c.IB = IB;
