@@ -22,14 +22,20 @@ from .linearize import Linear, linearize
 WIDE = 16  # formulas up to this dimension already vectorize across j
 
 
+_SOFTMAX = ("sumsoftmaxweight", "logsumexp_weight")
+
+
 def wide_sum(formula: ir.Node, reduction: str) -> Linear | None:
-    """The weighted-sum form the CPU kernel can use, or None: a Sum whose wide terms are
-    all weights times j-variables (row terms are split off before, by the caller)."""
-    if reduction != "sum" or formula.dim <= WIDE:
+    """The weighted-sum form the CPU kernel can use, or None: a Sum (or a softmax-weighted
+    sum / weighted log-sum-exp, whose weight is the wide part) whose wide terms are all
+    weights times j-variables (row terms are split off before, by the caller)."""
+    if reduction not in ("sum",) + _SOFTMAX or formula.dim <= WIDE:
         return None
     lin = linearize(formula, max_narrow=WIDE)
     if lin is None or lin.row_terms or not lin.col_terms:
         return None
+    if reduction in _SOFTMAX and not any(off == 0 for _, off in lin.direct):
+        return None  # the scalar f (component 0) must be one of the narrow components
     return lin
 
 
@@ -129,6 +135,77 @@ struct Acc {{
     T* o = (T*)outs[0] + row * {F};
     for (int q = 0; q < {F}; ++q) o[q] = (T)(s[q] - c[q]);
   }}
+}};
+"""
+
+
+def wide_softmax_acc_code(lin: Linear, reduction: str) -> str:
+    """``struct Acc`` of a softmax-weighted sum (or weighted log-sum-exp) whose weight
+    ``F[1:]`` is wide: per tile, the max of f, ``e = exp(f - max)`` once, then each column
+    term as the weighted sum of its j-vectors with weights ``e * s``; the running sums are
+    rescaled when the max grows, as the narrow reductions do (``lt_lse_add``)."""
+    from .reductions import _LSE_HELPERS, _write
+
+    E = lin.dim - 1  # the weight's dimension
+    softmax = reduction == "sumsoftmaxweight"
+    base = 1 if softmax else 0  # s[0] = Σ e for the softmax; the weight sums follow
+    nsum = base + E
+    f_comp = next(q for q, off in lin.direct if off == 0)
+    terms = []
+    for q, off in lin.direct:
+        if off == 0:
+            continue
+        terms.append(f"    {{ T a = 0; _Pragma(\"omp simd reduction(+:a)\") for (int jj = 0; jj < nj; ++jj) "
+                     f"a += e[jj] * fb[{q} * TJ + jj]; t[{base + off - 1}] += a; }}")
+    for t in lin.col_terms:
+        k, D = t.factor.index, t.dim
+        w = lin.components[t.weight]
+        if ir.const_value(w) == 1.0:
+            weights = "e"
+        else:
+            terms.append(f"    for (int jj = 0; jj < nj; ++jj) we[jj] = e[jj] * fb[{t.weight} * TJ + jj];")
+            weights = "we"
+        terms.append(f"    LtWsum<{D}, 0>::run({weights}, B{k} + j0 * {D}, nj, part);\n"
+                     f"    for (int q = 0; q < {D}; ++q) t[{base + t.offset - 1} + q] += "
+                     f"{_coef(t.coef)}part[q];")
+    if softmax:
+        terms.insert(0, "    { T a = 0; _Pragma(\"omp simd reduction(+:a)\") for (int jj = 0; jj < nj; ++jj) "
+                        "a += e[jj]; t[0] = a; }")
+        writes = (_write(0, "value", E, "(T)(s[1 + k] / s[0])") + " "
+                  + _write(1, "value", 1, "(T)(m + log(s[0]))"))
+    else:
+        writes = _write(0, "value", E, "(T)(m + log(s[k]))")
+    bvars = sorted({t.factor.index for t in lin.col_terms})
+    params = ", ".join(f"const T* __restrict__ B{k}" for k in bvars)
+    emax = max(t.dim for t in lin.col_terms)
+    nl = "\n"
+    return _TEMPLATES + _LSE_HELPERS + f"""
+struct Acc {{
+  TA m; TA s[{nsum}];
+  LT_INLINE void init() {{ m = -(TA)INFINITY; for (int c = 0; c < {nsum}; ++c) s[c] = 0; }}
+  LT_INLINE void tile(const T* fb, int nj, int64_t j0) {{ (void)fb; (void)nj; (void)j0; }}
+  LT_INLINE void wtile(const T* fb, int nj, int64_t j0, {params}) {{
+    const T* f = fb + {f_comp} * TJ;
+    T tm = -(T)INFINITY; int nan = 0;
+    _Pragma("omp simd reduction(max:tm) reduction(|:nan)")
+    for (int jj = 0; jj < nj; ++jj) {{ const T x = f[jj]; nan |= (x != x); tm = x > tm ? x : tm; }}
+    if (nan) tm = (T)NAN;
+    if (tm == -(T)INFINITY) return;
+    TA t[{nsum}];
+    for (int c = 0; c < {nsum}; ++c) t[c] = 0;
+    if (tm != tm) {{ lt_lse_add(m, s, t, {nsum}, (TA)tm); return; }}
+    alignas(64) T e[TJ]; alignas(64) T we[TJ]; alignas(64) T part[{emax}];
+    (void)we;
+    if (tm == (T)INFINITY) {{  // exp(inf - inf) would be NaN: the +inf terms count 1
+      for (int jj = 0; jj < nj; ++jj) e[jj] = f[jj] == tm ? (T)1 : (T)0;
+    }} else {{
+      _Pragma("omp simd") for (int jj = 0; jj < nj; ++jj) e[jj] = lt_exp(f[jj] - tm);
+    }}
+{nl.join(terms)}
+    lt_lse_add(m, s, t, {nsum}, (TA)tm);
+  }}
+  LT_INLINE void merge(const Acc& o) {{ if (o.m != -(TA)INFINITY || o.m != o.m) lt_lse_add(m, s, o.s, {nsum}, o.m); }}
+  LT_INLINE void write(void* const* outs, int64_t row) const {{ {writes} }}
 }};
 """
 

@@ -21,6 +21,10 @@ def test_the_kernel_uses_weighted_sums():
     src = render_cpu_kernel(ops.apply("mul", k, v), [VarSpec(0, 3, "i"), VarSpec(1, 3, "j"),
                                                      VarSpec(2, 64, "j")], "sum", {}, "float32")
     assert "wtile" in src and "LtWsum<64, 0>" in src
+    src = render_cpu_kernel(ops.apply("concat", k, v), [VarSpec(0, 3, "i"), VarSpec(1, 3, "j"),
+                                                        VarSpec(2, 64, "j")], "sumsoftmaxweight",
+                            {}, "float32")
+    assert "wtile" in src and "lt_lse_add" in src
 
 
 @pytest.mark.parametrize("dtype,rtol", [("float32", 2e-5), ("float64", 1e-12)])
@@ -92,3 +96,42 @@ def test_high_dimensional_gradients_split_row_terms(D, rng):
     hw = torch.autograd.grad(want[0].square().sum() + want[1].sum(), (x, y))
     for a, w in zip(h, hw):
         torch.testing.assert_close(a, w, rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.parametrize("dtype,rtol", [("float32", 3e-5), ("float64", 1e-12)])
+@pytest.mark.parametrize("E", [17, 64, 70])
+def test_attention_and_weighted_lse_with_wide_values(E, dtype, rtol, rng):
+    N, M, D = 130, 700, 8
+    q = rng.standard_normal((N, D)).astype(dtype)
+    k = rng.standard_normal((M, D)).astype(dtype)
+    v = rng.standard_normal((M, E)).astype(dtype)
+    S = q.astype(np.float64) @ k.astype(np.float64).T
+    P = np.exp(S - S.max(1, keepdims=True))
+    out = (Vi(q) | Vj(k)).sumsoftmaxweight(Vj(v), dim=1)
+    want = (P @ v.astype(np.float64)) / P.sum(1, keepdims=True)
+    np.testing.assert_allclose(out, want, rtol=rtol, atol=rtol * np.abs(v).max())
+    w = np.abs(v) + 0.5
+    lse = (Vi(q) | Vj(k)).logsumexp(dim=1, weight=Vj(w))
+    want_l = S.max(1, keepdims=True) + np.log(P @ w.astype(np.float64))
+    np.testing.assert_allclose(lse, want_l, rtol=rtol, atol=rtol)
+    # a weight that is a combination: softmax of f times (2 v + s w) with s = sin(q.k)
+    s = (Vi(q) | Vj(k)).sin()
+    out2 = (Vi(q) | Vj(k)).sumsoftmaxweight(2.0 * Vj(v) + s * Vj(w), dim=1)
+    want2 = (P @ (2 * v.astype(np.float64)) + (P * np.sin(S)) @ w) / P.sum(1, keepdims=True)
+    np.testing.assert_allclose(out2, want2, rtol=10 * rtol, atol=10 * rtol * np.abs(w).max())
+
+
+def test_wide_softmax_special_values():
+    """+inf terms dominate (each counts 1), rows of -inf only give NaN / -inf, NaN propagates:
+    the same results as the NumPy reference backend."""
+    g = np.array([[1.0], [np.inf], [-np.inf], [2.0], [np.inf]])
+    x = np.array([[1.0], [-np.inf], [np.nan], [0.5]])
+    v = np.arange(5 * 20, dtype=np.float64).reshape(5, 20)
+    F = Vi(x) * Vj(g)
+    for red in ("sumsoftmaxweight", "logsumexp"):
+        kw = dict(weight=Vj(v + 1)) if red == "logsumexp" else {}
+        args = (Vj(v),) if red == "sumsoftmaxweight" else ()
+        got = getattr(F, red)(*args, dim=1, backend="cpu", **kw)
+        ref = getattr(F, red)(*args, dim=1, backend="numpy", **kw)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+        np.testing.assert_allclose(got, ref, rtol=1e-12)
