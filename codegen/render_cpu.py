@@ -37,7 +37,7 @@ from . import ir
 from .cpu_plan import CpuPlan, plan_cpu
 from .render_c import (VarSpec, _prelude, cpu_renames, render_formula, render_function,
                        render_shared, tile_size)
-from .render_wide import wide_acc_code, wide_call, wide_sum
+from .render_wide import wide_acc_code, wide_call, wide_softmax_acc_code, wide_sum
 
 L2_CHUNK_BYTES = 262144  # staged j-data of one chunk, reused by every row block of an item
 MAX_ROWS_PER_ITEM = 256  # rows of a work item (fewer when N is small or Acc is large)
@@ -543,13 +543,14 @@ def _render(formula, var_specs, reduction, opts, dtype, dot_tiling, lin=None) ->
         src = [render_shared(plan.formula, L.formula_specs, reduction, opts, dtype, tj=tj,
                              rename=cpu_renames)]
     else:  # the narrow formula, and the weighted sums' Acc (after the vector types)
-        acc_dtype = opts.get("dtype_acc") or "float64"
+        acc_dtype = opts.get("dtype_acc") or ("float64" if reduction == "sum" else dtype)
         src = [_prelude(dtype, acc_dtype) + f"static const int TJ = {tj};\n"
                + render_formula(plan.formula, L.formula_specs, dtype, cpu_renames)]
     src.append("#ifdef _OPENMP\n#include <omp.h>\n#endif\n")
     src.append(_vector_header())
     if lin is not None:
-        src.append(wide_acc_code(lin, opts))
+        src.append(wide_acc_code(lin, opts) if reduction == "sum"
+                   else wide_softmax_acc_code(lin, reduction))
     src.append(f"static const int64_t JCH = {jch};  // columns per staged chunk\n")
     if L.n_row_values:
         row_in = [v for v in L.orig if v.cat in ("i", "p")]
