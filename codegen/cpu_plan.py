@@ -41,7 +41,7 @@ DOT_MIN_DIM = 16  # below this the direct per-pair loop is as fast (measured, D=
 COL_MIN_COST = 16  # per-pair operations saved before a column is worth its memory
 MAX_ROW_VALUES = 2048  # per-row scalars kept on the stack (per row of a row block)
 MAX_COL_DIM = 8
-MAX_DOT_DIM = 4096  # the packed rows of A stay on the stack
+MAX_DOT_DIM = 4096  # bounds the per-thread buffer of packed rows (rows per item x D)
 
 
 @dataclass(frozen=True)

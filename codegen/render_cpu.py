@@ -12,11 +12,17 @@ products become small matrix products. Then:
   buffer -- a GPU's shared-memory tile, here so that the pair loop reads every
   component with unit stride. There is no O(M) set-up pass and no O(M) buffer, so one
   query against 10^7 points is split over threads from its first byte. Then, for each
-  block of ``LT_R`` rows (4 with dot products, else 1): the row values, the packed dot
-  operands, and per tile of ``TJ`` columns the dot products (register-tiled) and, for
-  each row, a vectorizable loop over the tile that evaluates the formula into ``fb``,
-  handed to ``Acc::tile``. Accumulators stay per row across tiles and chunks, so every
-  row sees its j in increasing order;
+  block of ``LT_R`` rows (1 without dot products): the row values and, per tile of
+  ``TJ`` columns, the dot products and, for each row, a vectorizable loop over the tile
+  that evaluates the formula into ``fb``, handed to ``Acc::tile``. Accumulators stay per
+  row across tiles and chunks, so every row sees its j in increasing order;
+- *dot products* are a small GEMM, BLIS-style: the j-operand of a chunk is packed in
+  panels of ``LT_NR`` = 2 vectors of columns, each panel k-major (transposed in
+  registers, ``lt_pack``); the item's rows are packed once, in blocks of ``LT_R`` rows,
+  k-major, with their norms; a micro-kernel (``lt_mk``) keeps LT_R x 2 vector
+  accumulators in registers and per k broadcasts LT_R row values against 2 vectors of
+  the panel. LT_R = 12 with AVX-512 (32 vector registers), 6 otherwise (16), chosen at
+  compile time. The panel streams from L2, the row block stays in L1;
 - split-j partial accumulators are merged with ``Acc::merge``.
 
 The kernel runs with denormals flushed to zero (``LtFtz``, as CUDA's fast math does):
