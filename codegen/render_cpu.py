@@ -137,7 +137,8 @@ static LT_INLINE void lt_tstage(lt_vec* v) {
 // ncp columns. By LT_W x LT_W blocks transposed in registers: a copy one component at a
 // time would cost a quarter of the products' time at D = 256.
 template <int KD>
-static __attribute__((noinline)) void lt_pack(const T* __restrict__ P, int64_t nc, int64_t ncp, T* __restrict__ Z) {
+static __attribute__((noinline)) void lt_pack(const T* __restrict__ P, int64_t nc, int64_t ncp,
+                                              T* __restrict__ Z) {
   int64_t j = 0;
 #if !defined(__clang__)
   for (; j + LT_W <= nc; j += LT_W) {
@@ -204,8 +205,8 @@ def _dot_kernel(D: int) -> str:
 // TJ columns). A partial block goes by 4 rows and then single rows, not by LT_R. Not
 // inlined: one call computes LT_R x TJ x {D} products, and compiling lt_rows with the
 // micro-kernels inside takes longer.
-static __attribute__((noinline)) void lt_dot{D}(const T* __restrict__ A, const T* __restrict__ B, int nr, int nj,
-                      T* __restrict__ G) {{
+static __attribute__((noinline)) void lt_dot{D}(const T* __restrict__ A, const T* __restrict__ B,
+                                               int nr, int nj, T* __restrict__ G) {{
   for (int p = 0; p < nj; p += LT_NR) {{
     const T* Bp = B + p * {D};
     if (nr == LT_R) {{ lt_mk<LT_R, {D}>(A, Bp, G + p); continue; }}
