@@ -716,7 +716,9 @@ def main(argv=None) -> int:
         tables.append(grad_table(3, gsizes, args))
         tables.append(grad_table(64, gsizes, args))
     if args.write:
-        cmd = "python -m lazytensor.bench " + " ".join(argv if argv is not None else sys.argv[1:])
+        words = list(argv if argv is not None else sys.argv[1:])
+        words = ["FILE" if w == args.write else w.replace(args.write, "FILE") for w in words]
+        cmd = "python -m lazytensor.bench " + " ".join(words)  # no machine path in the file
         head = (f"## {datetime.date.today().isoformat()}: `{cmd}`\n\n"
                 f"Machine: {machine()}.\n\n")
         Path(args.write).write_text(head + "\n".join(t.markdown() for t in tables))
