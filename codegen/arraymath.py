@@ -14,10 +14,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-_SAME_NAMES = (
-    "exp log sqrt abs sin cos tan tanh sinh cosh arcsin arccos arctan arctan2 arcsinh "
-    "arccosh arctanh log1p expm1 floor ceil sign where maximum minimum"
-).split()
+_SAME_NAMES = ("exp log sqrt abs sin cos tan tanh sinh cosh arcsin arccos arctan arctan2 arcsinh "
+               "arccosh arctanh log1p expm1 floor ceil sign where maximum minimum").split()
 
 
 def _numpy_erf(name):
@@ -29,7 +27,7 @@ def _numpy_erf(name):
     return f
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def numpy_namespace() -> SimpleNamespace:
     ns = {name: getattr(np, name) for name in _SAME_NAMES}
     ns.update(
@@ -57,7 +55,7 @@ def _broadcast_leading(arrays, lib):
     return [lib.broadcast_to(a, (*shape, a.shape[-1])) for a in arrays]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def torch_namespace() -> SimpleNamespace:
     import torch
 

@@ -77,7 +77,7 @@ class CpuCompiler:
     def available(self) -> bool:
         return self.path is not None
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache  # noqa: B019  (one compiler object per process)
     def identity(self) -> dict:
         return {
             "compiler": _file_stamp(self.path) if self.path else "none",
@@ -115,7 +115,7 @@ class CpuCompiler:
         return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def cpu_compiler() -> CpuCompiler:
     return CpuCompiler()
 
@@ -130,7 +130,7 @@ def nvcc_path() -> str | None:
 CUDA_FLAGS = ("-O3", "-std=c++14", "--use_fast_math")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def cuda_identity(arch: str) -> dict:
     """What a cubin depends on besides its source: nvcc (path, stamp, version), flags, arch."""
     nvcc = nvcc_path()

@@ -65,7 +65,7 @@ def _sympy_partials(name, params, args):
     return [None if e is None else sympy_bridge.to_ir(e, list(args)) for e in exprs]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sympy_derivative_exprs(name, params):
     import sympy
 
@@ -115,7 +115,7 @@ def _sympy_c_text(name, dtype, arg_texts, params):
 
 
 def _lambdified_ref(edef: ElementwiseDef):
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def compiled(xp_name, params):
         import sympy
 
@@ -271,7 +271,7 @@ def _pow_c(dtype, a, p):
         n = int(p)
         return "((T)1)" if n == 0 else "(" + "*".join([a] * n) + ")"
     if p == int(p) and -16 <= p < 0:
-        return f"((T)1/(" + "*".join([a] * int(-p)) + "))"
+        return "((T)1/(" + "*".join([a] * int(-p)) + "))"
     if p == 0.5:
         return _fn("sqrt")(dtype, a)
     if p == -0.5:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import weakref
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 CATS = ("i", "j", "p")
 
@@ -28,10 +28,10 @@ CATS = ("i", "j", "p")
 class Node:
     """An immutable IR node; build with :func:`make`, :func:`var`, :func:`const`."""
 
-    __slots__ = ("op", "args", "params", "dim", "key", "__weakref__")
+    __slots__ = ("__weakref__", "args", "dim", "key", "op", "params")
 
     op: str
-    args: tuple["Node", ...]
+    args: tuple[Node, ...]
     params: tuple
     dim: int
     key: str
@@ -71,7 +71,7 @@ class Node:
         return self.params[1]
 
 
-_table: "weakref.WeakValueDictionary[tuple, Node]" = weakref.WeakValueDictionary()
+_table: weakref.WeakValueDictionary[tuple, Node] = weakref.WeakValueDictionary()
 _table_lock = threading.Lock()
 
 

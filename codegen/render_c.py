@@ -197,4 +197,4 @@ def render_shared(formula, var_specs, reduction: str, opts: dict, dtype: str, *,
     )
 
 
-from .render_cpu import render_cpu_kernel  # noqa: F401  (re-exported; it uses the above)
+from .render_cpu import render_cpu_kernel  # noqa: E402, F401  (re-exported; it uses the above)

@@ -41,8 +41,15 @@ from __future__ import annotations
 
 from . import ir
 from .cpu_plan import CpuPlan, plan_cpu
-from .render_c import (VarSpec, _prelude, cpu_renames, render_formula, render_function,
-                       render_shared, tile_size)
+from .render_c import (
+    VarSpec,
+    _prelude,
+    cpu_renames,
+    render_formula,
+    render_function,
+    render_shared,
+    tile_size,
+)
 from .render_wide import wide_acc_code, wide_call, wide_softmax_acc_code, wide_sum
 
 L2_CHUNK_BYTES = 262144  # staged j-data of one chunk, reused by every row block of an item

@@ -16,7 +16,7 @@ import re
 from . import ir
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _printer(dtype: str):
     import sympy
     from sympy.codegen.ast import float32, real

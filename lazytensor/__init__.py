@@ -8,13 +8,13 @@
 (500, 2)
 """
 
-from .lazy import LazyTensor, Pm, Vi, Vj
 from .custom import elementwise
 from .genred import Genred, generic_argkmin, generic_argmin, generic_logsumexp, generic_sum
+from .lazy import LazyTensor, Pm, Vi, Vj
 from .solve import KernelSolve
 
 __version__ = "0.1.0"
 
-__all__ = ["LazyTensor", "Vi", "Vj", "Pm", "__version__"]
-__all__ += ["Genred", "generic_sum", "generic_logsumexp", "generic_argmin", "generic_argkmin",
-            "KernelSolve", "elementwise"]
+__all__ = ["LazyTensor", "Pm", "Vi", "Vj", "__version__"]
+__all__ += ["Genred", "KernelSolve", "elementwise", "generic_argkmin", "generic_argmin",
+            "generic_logsumexp", "generic_sum"]

@@ -12,9 +12,9 @@ the saved indices: the formula is re-evaluated in torch at the selected pairs on
 
 from __future__ import annotations
 
-import torch
-
 import dataclasses
+
+import torch
 
 from codegen import diff, ir, linearize, ops
 

@@ -27,8 +27,15 @@ import numpy as np
 
 from .binding import is_torch
 
-__all__ = ["grid_cluster", "sort_clusters", "cluster_ranges", "cluster_centroids",
-           "cluster_ranges_centroids", "from_matrix", "swap_axes"]
+__all__ = [
+    "cluster_centroids",
+    "cluster_ranges",
+    "cluster_ranges_centroids",
+    "from_matrix",
+    "grid_cluster",
+    "sort_clusters",
+    "swap_axes",
+]
 
 
 def grid_cluster(x, size):

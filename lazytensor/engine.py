@@ -324,4 +324,4 @@ def _shape_output(out, red, F: int, opts: dict):
     return out
 
 
-__all__ = ["reduce", "execute", "ReductionCall", "Variable"]
+__all__ = ["ReductionCall", "Variable", "execute", "reduce"]

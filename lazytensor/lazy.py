@@ -167,12 +167,12 @@ class LazyTensor:
     def __repr__(self) -> str:
         return f"LazyTensor({ir.to_text(self.formula)}, {len(self.variables)} variables)"
 
-    def _merged(self, other: "LazyTensor"):
+    def _merged(self, other: LazyTensor):
         """Variables of both operands (shared ones once) and ``other``'s formula renumbered."""
         variables = list(self.variables)
         mapping = {}
         for k, v in enumerate(other.variables):
-            for n, w in enumerate(variables):
+            for n, w in enumerate(variables):  # noqa: B007  (n is read after the loop)
                 # The same Variable object (a shared scalar parameter too) is one variable:
                 # otherwise f * f doubles f's scalars and repeated sharing grows exponentially.
                 if w is v or (w.data is v.data and w.cat == v.cat and not v.is_scalar):
@@ -212,7 +212,7 @@ class LazyTensor:
     def _rop(self, name, other):
         return self._operand(other)._op(name, self)
 
-    def _operand(self, o) -> "LazyTensor":
+    def _operand(self, o) -> LazyTensor:
         """A LazyTensor for a non-LazyTensor operand of ``self``.
 
         A list of numbers is a parameter, as in pykeops, where lists have no dtype of their
@@ -249,7 +249,7 @@ class LazyTensor:
     def __le__(self, o): return self._op("le", o)
     def __gt__(self, o): return self._op("gt", o)
     def __ge__(self, o): return self._op("ge", o)
-    def __eq__(self, o): return self._op("eq", o)  # noqa: D105  (elementwise, as pykeops)
+    def __eq__(self, o): return self._op("eq", o)
     def __ne__(self, o): return self._op("ne", o)
     __hash__ = object.__hash__
 
@@ -752,7 +752,7 @@ class LazyTensor:
     sumsoftmaxweight_reduction = sumsoftmaxweight
     max_sumshiftexp_reduction = max_sumshiftexp
 
-    def grad(self, v: "LazyTensor", gradin) -> "LazyTensor":
+    def grad(self, v: LazyTensor, gradin) -> LazyTensor:
         """Symbolic ``(∂self/∂v)ᵀ gradin`` as a LazyTensor (as pykeops ``.grad``).
 
         ``v`` is a LazyTensor leaf of this formula; ``gradin`` an i-indexed array (or

@@ -168,7 +168,7 @@ def reduce(formula, variables: list, reduction: str, axis: int, opts: dict, back
                 r = _global_index(r, take, index, torch_lib)
             pieces[q].append(r)
     outs = []
-    for q, kind in enumerate(kinds):
+    for q in range(len(kinds)):
         if pieces[q]:
             outs.append(lib_cat(pieces[q], 0))
         else:  # no rows at all: the plain reduction gives the empty result

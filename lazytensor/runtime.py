@@ -22,7 +22,6 @@ from pathlib import Path
 
 from codegen import ir, reductions
 from codegen.cpu_plan import dot_tiling_enabled
-from codegen.render_c import VarSpec
 
 CACHE_FORMAT = "lazytensor-kernel-4"
 
@@ -57,7 +56,7 @@ class KernelSpec:
         return hashlib.sha256(text.encode()).hexdigest()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def codegen_fingerprint() -> str:
     """sha256 over the code generator's sources: a changed renderer never reuses old binaries."""
     import codegen

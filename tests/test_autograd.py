@@ -14,7 +14,6 @@ from codegen.elementwise import ELEMENTWISE
 from lazytensor import LazyTensor
 
 
-
 @pytest.fixture(autouse=True)
 def _float64_default():
     """gradcheck wants float64; restore the default so other test modules are unaffected."""

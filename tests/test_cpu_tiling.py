@@ -119,7 +119,7 @@ def test_row_value_operand_and_shared_operand():
         x = rng.standard_normal((50, D)).astype(np.float32)
         y = rng.standard_normal((77, D)).astype(np.float32)
 
-        def run(xx, yy, backend):
+        def run(xx, yy, backend, D=D):
             X, Y = Vi(xx), Vj(yy)
             F = (-(X * 2.0 - 1.0).sqdist(Y) / D).exp() * Y + (X | Y) + (X | Y.exp())
             return np.asarray(F.sum(dim=1, backend=backend))

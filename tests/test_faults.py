@@ -114,7 +114,7 @@ def test_16_processes_build_one_new_kernel_once(tmp_path):
     time.sleep(1.0)  # let them import and wait at the start line
     go.touch()
     outs = [p.communicate(timeout=180) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
     results = {out.strip() for out, _ in outs}
     assert len(results) == 1

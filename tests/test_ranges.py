@@ -7,8 +7,15 @@ import numpy as np
 import pytest
 
 from lazytensor import Genred, LazyTensor, Vi, Vj
-from lazytensor.cluster import (cluster_centroids, cluster_ranges, cluster_ranges_centroids,
-                                from_matrix, grid_cluster, sort_clusters, swap_axes)
+from lazytensor.cluster import (
+    cluster_centroids,
+    cluster_ranges,
+    cluster_ranges_centroids,
+    from_matrix,
+    grid_cluster,
+    sort_clusters,
+    swap_axes,
+)
 
 
 def _clustered(rng, N, M, D=2, cell=0.25, radius=0.45, lib="numpy", dtype=np.float64):
