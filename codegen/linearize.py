@@ -44,7 +44,7 @@ class Term:
     """``coef * s_weight(i, j) * factor`` added to output components [offset, offset + dim)."""
 
     weight: int  # component of ``Linear.narrow``
-    factor: ir.Node  # free of j (row term), or a j-variable (column term)
+    factor: ir.Node  # free of j (row term), or a j-variable or a slice of one (column term)
     offset: int
     coef: float
 
@@ -65,6 +65,20 @@ class Linear:
     @property
     def n_weights(self) -> int:
         return self.narrow.dim - len(self.direct)
+
+
+def is_column(node: ir.Node) -> bool:
+    """A factor read from a j-variable's rows: the variable, or a slice of it."""
+    if node.op == "slice":
+        node = node.args[0]
+    return node.op == "var" and node.cat == "j"
+
+
+def column_source(node: ir.Node) -> tuple:
+    """(variable index, first component, row length) of a column factor."""
+    if node.op == "slice":
+        return node.args[0].index, node.params[0], node.args[0].dim
+    return node.index, 0, node.dim
 
 
 def _pieces(node: ir.Node, offset: int = 0):
@@ -113,7 +127,7 @@ def _lin(node: ir.Node, memo: dict, depth: int = 0):
     if not _has_j(node, memo):
         return [(_one(), node, 1.0)]
     op = node.op
-    if op == "var":  # a j-variable
+    if is_column(node):  # a j-variable, or a slice of one
         return [(_one(), node, 1.0)]
     if op == "neg":
         inner = _lin(node.args[0], memo, depth + 1)
@@ -165,14 +179,14 @@ def linearize(formula: ir.Node, max_narrow: int = MAX_NARROW) -> Linear | None:
         if terms is None:
             return None
         for w, f, c in terms:
-            if not (f.op == "var" and f.cat == "j" or not _has_j(f, memo)):
+            if not (is_column(f) or not _has_j(f, memo)):
                 return None
             if f.op == "const" and not any(f.params):
                 continue  # a zero vector (split_rows leaves them where only row terms were)
             w = simplify(w)
             by_weight = grouped.setdefault((f, offset), {})
             by_weight[w] = by_weight.get(w, 0.0) + c
-    if not any(f.op == "var" and f.cat == "j" for (f, _) in grouped):
+    if not any(is_column(f) for (f, _) in grouped):
         return None
     row_terms, col_terms = [], []
     for (f, offset), by_weight in grouped.items():
@@ -190,7 +204,7 @@ def linearize(formula: ir.Node, max_narrow: int = MAX_NARROW) -> Linear | None:
         if w not in weights:
             weights[w] = len(weights)
         t = Term(weights[w], f, offset, c)
-        (col_terms if f.op == "var" and f.cat == "j" else row_terms).append(t)
+        (col_terms if is_column(f) else row_terms).append(t)
     comps = list(weights) + [p for _, p in direct_nodes]
     if len(comps) > max_narrow or not col_terms:
         return None

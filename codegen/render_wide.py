@@ -17,7 +17,7 @@ skeleton is :mod:`codegen.render_cpu`'s.
 from __future__ import annotations
 
 from . import ir
-from .linearize import Linear, linearize
+from .linearize import Linear, column_source, linearize
 
 WIDE = 16  # formulas up to this dimension already vectorize across j
 
@@ -42,7 +42,7 @@ def wide_sum(formula: ir.Node, reduction: str) -> Linear | None:
 _TEMPLATES = """
 // out[e] = sum_jj w[jj] * B[jj * E + e] for e in [E0, E): passes of up to 8 vectors of
 // accumulators in registers, each weight broadcast, B read row by row (stride E).
-template <int E, int E0, int NV>
+template <int E, int E0, int NV, int LD>
 static LT_INLINE void lt_wpass(const T* __restrict__ w, const T* __restrict__ B, int nj,
                                T* __restrict__ out) {
   lt_vec acc[NV];
@@ -50,7 +50,7 @@ static LT_INLINE void lt_wpass(const T* __restrict__ w, const T* __restrict__ B,
   for (int v = 0; v < NV; ++v) acc[v] = lt_vec{};
   for (int jj = 0; jj < nj; ++jj) {
     const lt_vec s = lt_vec{} + w[jj];
-    const T* b = B + (size_t)jj * E + E0;
+    const T* b = B + (size_t)jj * LD + E0;
     #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) {
       lt_vec x;
@@ -61,25 +61,30 @@ static LT_INLINE void lt_wpass(const T* __restrict__ w, const T* __restrict__ B,
   #pragma GCC unroll 8
   for (int v = 0; v < NV; ++v) memcpy(out + E0 + v * LT_W, &acc[v], sizeof(lt_vec));
 }
-template <int E, int E0, bool MORE = (E - E0 >= LT_W)>
+// LD: the length of B's rows (E, or more when the factor is a slice of a j-variable)
+template <int E, int LD, int E0, bool MORE = (E - E0 >= LT_W)>
 struct LtWsum {
   enum { LEFT = (E - E0) / LT_W, NV = LEFT < 8 ? LEFT : 8 };
   static LT_INLINE void run(const T* w, const T* B, int nj, T* out) {
-    lt_wpass<E, E0, NV>(w, B, nj, out);
-    LtWsum<E, E0 + NV * LT_W>::run(w, B, nj, out);
+    lt_wpass<E, E0, NV, LD>(w, B, nj, out);
+    LtWsum<E, LD, E0 + NV * LT_W>::run(w, B, nj, out);
   }
 };
-template <int E, int E0>
-struct LtWsum<E, E0, false> {  // the last E - E0 < LT_W components
+template <int E, int LD, int E0>
+struct LtWsum<E, LD, E0, false> {  // the last E - E0 < LT_W components
   static LT_INLINE void run(const T* w, const T* B, int nj, T* out) {
     for (int e = E0; e < E; ++e) {
       T t = 0;
-      for (int jj = 0; jj < nj; ++jj) t += w[jj] * B[(size_t)jj * E + e];
+      for (int jj = 0; jj < nj; ++jj) t += w[jj] * B[(size_t)jj * LD + e];
       out[e] = t;
     }
   }
 };
 """
+
+
+def _bvars(lin: Linear) -> list:
+    return sorted({column_source(t.factor)[0] for t in lin.col_terms})
 
 
 def _coef(c: float) -> str:
@@ -100,16 +105,18 @@ def wide_acc_code(lin: Linear, opts: dict) -> str:
                       f"t += fb[{comp} * TJ + jj]; const T x = t; const int q = {off}; {add} }}")
     push_direct = [f"    {{ const T x = f[{comp}]; const int q = {off}; {add} }}"
                    for comp, off in lin.direct]
-    bvars = sorted({t.factor.index for t in lin.col_terms})
+    bvars = _bvars(lin)
     params = ", ".join(f"const T* __restrict__ B{k}" for k in bvars)
     cols, push_cols = [], []
     for t in lin.col_terms:
-        k, E = t.factor.index, t.dim
-        cols.append(f"    LtWsum<{E}, 0>::run(fb + {t.weight} * TJ, B{k} + j0 * {E}, nj, part);\n"
+        k, start, ld = column_source(t.factor)
+        E = t.dim
+        cols.append(f"    LtWsum<{E}, {ld}, 0>::run(fb + {t.weight} * TJ, B{k} + j0 * {ld} + {start}, "
+                    f"nj, part);\n"
                     f"    for (int e = 0; e < {E}; ++e) {{ const T x = {_coef(t.coef)}part[e]; "
                     f"const int q = {t.offset} + e; {add} }}")
         push_cols.append(f"    for (int e = 0; e < {E}; ++e) {{ const T x = {_coef(t.coef)}f[{t.weight}] * "
-                         f"B{k}[j * {E} + e]; const int q = {t.offset} + e; {add} }}")
+                         f"B{k}[j * {ld} + {start} + e]; const int q = {t.offset} + e; {add} }}")
     emax = max(t.dim for t in lin.col_terms)
     merge_add = add.replace("(TA)(x)", "x")
     nl = "\n"
@@ -158,14 +165,15 @@ def wide_softmax_acc_code(lin: Linear, reduction: str) -> str:
         terms.append(f"    {{ T a = 0; _Pragma(\"omp simd reduction(+:a)\") for (int jj = 0; jj < nj; ++jj) "
                      f"a += e[jj] * fb[{q} * TJ + jj]; t[{base + off - 1}] += a; }}")
     for t in lin.col_terms:
-        k, D = t.factor.index, t.dim
+        k, start, ld = column_source(t.factor)
+        D = t.dim
         w = lin.components[t.weight]
         if ir.const_value(w) == 1.0:
             weights = "e"
         else:
             terms.append(f"    for (int jj = 0; jj < nj; ++jj) we[jj] = e[jj] * fb[{t.weight} * TJ + jj];")
             weights = "we"
-        terms.append(f"    LtWsum<{D}, 0>::run({weights}, B{k} + j0 * {D}, nj, part);\n"
+        terms.append(f"    LtWsum<{D}, {ld}, 0>::run({weights}, B{k} + j0 * {ld} + {start}, nj, part);\n"
                      f"    for (int q = 0; q < {D}; ++q) t[{base + t.offset - 1} + q] += "
                      f"{_coef(t.coef)}part[q];")
     if softmax:
@@ -175,7 +183,7 @@ def wide_softmax_acc_code(lin: Linear, reduction: str) -> str:
                   + _write(1, "value", 1, "(T)(m + log(s[0]))"))
     else:
         writes = _write(0, "value", E, "(T)(m + log(s[k]))")
-    bvars = sorted({t.factor.index for t in lin.col_terms})
+    bvars = _bvars(lin)
     params = ", ".join(f"const T* __restrict__ B{k}" for k in bvars)
     emax = max(t.dim for t in lin.col_terms)
     nl = "\n"
@@ -212,5 +220,5 @@ struct Acc {{
 
 def wide_call(lin: Linear, acc: str = "accs[i - i0]") -> str:
     """The statement the pair loop runs after ``Acc::tile`` (item pointers ``P{k}``)."""
-    bvars = sorted({t.factor.index for t in lin.col_terms})
+    bvars = _bvars(lin)
     return f"{acc}.wtile(fb, nj, j0, {', '.join(f'P{k}' for k in bvars)});"

@@ -94,9 +94,47 @@ def _rewrite(node: ir.Node, args: tuple) -> ir.Node:
             return ir.const([0.0] * node.dim)
         if op == "sum" and args[0].dim == 1:
             return args[0]
+        if op == "slice":
+            return _slice(args[0], *node.params)
     if args == node.args:
         return node
     return ir.make(op, args, node.params, node.dim)
+
+
+_SLICE_THROUGH = ("add", "sub", "mul", "div", "neg")  # elementwise: slicing commutes
+
+
+def _slice(x: ir.Node, start: int, length: int, depth: int = 0) -> ir.Node:
+    """``slice(x, start, length)`` with the slice pushed into concatenations, pads,
+    slices and elementwise operations (gradient formulas are full of ``slice(concat(f, w))``
+    and ``slice(pad(g) + pad(h))``, which hide scalar products from the CPU plan)."""
+    if start == 0 and length == x.dim:
+        return x
+    op = x.op
+    if depth < 32:
+        if op == "slice":
+            return _slice(x.args[0], x.params[0] + start, length, depth + 1)
+        if op == "concat":
+            a, b = x.args
+            if start + length <= a.dim:
+                return _slice(a, start, length, depth + 1)
+            if start >= a.dim:
+                return _slice(b, start - a.dim, length, depth + 1)
+        if op == "pad":
+            (inner,), (off, _) = x.args, x.params
+            if start >= off and start + length <= off + inner.dim:
+                return _slice(inner, start - off, length, depth + 1)
+            if start + length <= off or start >= off + inner.dim:
+                return ir.const([0.0] * length)
+        if op == "expand":
+            return _fit(x.args[0], length)
+        if op in _SLICE_THROUGH:
+            parts = tuple(a if a.dim == 1 else _slice(a, start, length, depth + 1) for a in x.args)
+            new = ir.make(op, parts, x.params, length)
+            return _rewrite(new, parts)
+        if op == "const":
+            return ir.const(list(x.params[start:start + length]))
+    return ir.make("slice", (x,), (start, length), length)
 
 
 def simplify(root: ir.Node) -> ir.Node:

@@ -146,6 +146,8 @@ def sum_split_rows(call: ReductionCall, args: list):
     """``Σ_j`` of ``call``'s formula, with its row terms ``s(i, j) L(i)`` (gradients of
     kernels in high dimension: ``c_ij (x_i - y_j)``) multiplied by ``L(i)`` after the sum,
     so that the kernel runs weighted sums of j-vectors (:mod:`codegen.linearize`)."""
+    if call.backend != "numpy":
+        call, args = _hoist_columns(call, list(args))
     split = linearize.split_rows(call.formula) if call.backend != "numpy" else None
     if split is None:
         return KernelReduction.apply(call, *args)[0]
@@ -172,6 +174,61 @@ def sum_split_rows(call: ReductionCall, args: list):
         pos = off + term.shape[-1]
     parts.append(out[..., pos:])
     return torch.cat(parts, -1)
+
+
+_HOIST_MIN_INPUT = 17  # hoist j-only values that read vectors at least this wide
+
+
+def _hoist_columns(call: ReductionCall, args: list):
+    """Narrow values of the reduced side alone that read wide vectors of several
+    j-variables (``⟨g_j, out_j⟩`` in the i-side gradient of a softmax-weighted sum) are
+    computed once per j in torch and passed as one more j-variable: in the pair loop they
+    would cost a wide loop per pair. (The CPU plan hoists values of one j-variable itself.)"""
+    from codegen.cpu_plan import distribute_dots
+
+    # ⟨g_j, v_i - out_j⟩ = ⟨g_j, v_i⟩ - ⟨g_j, out_j⟩: the second term is such a value
+    call = dataclasses.replace(call, formula=distribute_dots(call.formula))
+    memo: dict = {}
+
+    def info(n):  # (reads only j-variables, widest vector read, number of variables)
+        r = memo.get(id(n))
+        if r is None:
+            if n.op == "var":
+                r = (n.cat == "j", n.dim, frozenset((n.index,)))
+            elif n.op == "const":
+                r = (True, 0, frozenset())
+            else:
+                parts = [info(a) for a in n.args]
+                r = (all(p[0] for p in parts), max(p[1] for p in parts),
+                     frozenset().union(*(p[2] for p in parts)))
+            memo[id(n)] = r
+        return r
+
+    found: dict = {}
+    stack, seen = [call.formula], set()
+    while stack:
+        n = stack.pop()
+        if id(n) in seen or n.op in ("var", "const"):
+            continue
+        seen.add(id(n))
+        only_j, widest, used = info(n)
+        if only_j and n.dim <= 16 and widest >= _HOIST_MIN_INPUT and len(used) >= 2:
+            found[n] = None
+            continue
+        stack.extend(n.args)
+    if not found:
+        return call, args
+    arrays = {k: a for k, (a, cat) in enumerate(zip(args, call.cats)) if cat == "j"}
+    xp = reference.arraymath.torch_namespace()
+    mapping, cats, dims = {}, list(call.cats), list(call.dims)
+    for node in found:
+        value = reference.evaluate(node, arrays, xp)
+        mapping[node] = ir.var(len(args), node.dim, "j")
+        args.append(value)
+        cats.append("j")
+        dims.append(node.dim)
+    formula = ir.substitute(call.formula, mapping)
+    return dataclasses.replace(call, formula=formula, cats=tuple(cats), dims=tuple(dims)), args
 
 
 def _sum_opts(call) -> tuple:

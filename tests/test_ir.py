@@ -389,3 +389,22 @@ def test_second_order_vjp_matches_finite_differences(name, rng):
         sym = sym.sum(axis=axes, keepdims=True)
         num = _fd_vjp(h, v, env, np.ones((2, 2, 1)))
         np.testing.assert_allclose(sym, num, rtol=1e-5, atol=1e-6, err_msg=f"d2/dx d{v.cat}")
+
+
+def test_simplify_pushes_slices_through_concat_pad_and_elementwise():
+    from codegen.simplify import simplify
+
+    x, y, g = ir.var(0, 3, "i"), ir.var(1, 4, "j"), ir.var(2, 5, "i")
+    c = ops.apply("concat", x, y)
+    assert simplify(ops.apply("slice", c, params=(0, 3))) is x
+    assert simplify(ops.apply("slice", c, params=(3, 4))) is y
+    assert simplify(ops.apply("slice", c, params=(4, 2))) is simplify(
+        ops.apply("slice", y, params=(1, 2)))
+    both = ops.apply("add", ops.apply("pad", x, params=(2, 7)), ops.apply("pad", y, params=(0, 7)))
+    # [0, 2) holds y[0:2] alone; [2, 4) holds x[0:2] + y[2:4]
+    assert simplify(ops.apply("slice", both, params=(0, 2))) is simplify(
+        ops.apply("slice", y, params=(0, 2)))
+    mixed = simplify(ops.apply("slice", both, params=(2, 2)))
+    assert mixed.op == "add"
+    s = ops.apply("mul", ops.apply("sum", g), ops.apply("neg", c))
+    assert simplify(ops.apply("slice", s, params=(3, 4))).args[1].args[0] is y

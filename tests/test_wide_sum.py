@@ -20,7 +20,7 @@ def test_the_kernel_uses_weighted_sums():
     k = ops.apply("exp", ops.apply("neg", ops.apply("sum", ops.apply("square", ops.apply("sub", x, y)))))
     src = render_cpu_kernel(ops.apply("mul", k, v), [VarSpec(0, 3, "i"), VarSpec(1, 3, "j"),
                                                      VarSpec(2, 64, "j")], "sum", {}, "float32")
-    assert "wtile" in src and "LtWsum<64, 0>" in src
+    assert "wtile" in src and "LtWsum<64, 64, 0>" in src
     src = render_cpu_kernel(ops.apply("concat", k, v), [VarSpec(0, 3, "i"), VarSpec(1, 3, "j"),
                                                         VarSpec(2, 64, "j")], "sumsoftmaxweight",
                             {}, "float32")
@@ -135,3 +135,25 @@ def test_wide_softmax_special_values():
         ref = getattr(F, red)(*args, dim=1, backend="numpy", **kw)
         np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
         np.testing.assert_allclose(got, ref, rtol=1e-12)
+
+
+def test_attention_gradients_wide(rng):
+    """Gradients of softmax attention with 20-dim keys and 40-wide values (the backward
+    formulas read ⟨g_i, v_j - out_i⟩ and slices of g: dot products and column terms once
+    simplified), first and second order, against dense torch."""
+    torch = pytest.importorskip("torch")
+    q = torch.randn(70, 20, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(90, 20, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(90, 40, dtype=torch.float64, requires_grad=True)
+    out = (Vi(q / 4) | Vj(k)).sumsoftmaxweight(Vj(v), dim=1)
+    ref = torch.softmax((q / 4) @ k.T, dim=1) @ v
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad((out * g).sum(), (q, k, v), create_graph=True)
+    want = torch.autograd.grad((ref * g).sum(), (q, k, v), create_graph=True)
+    for a, w in zip(grads, want):
+        torch.testing.assert_close(a, w, rtol=1e-9, atol=1e-11)
+    h = torch.autograd.grad(sum(a.square().sum() for a in grads), (q, k, v))
+    hw = torch.autograd.grad(sum(a.square().sum() for a in want), (q, k, v))
+    for a, w in zip(h, hw):
+        torch.testing.assert_close(a, w, rtol=1e-8, atol=1e-10)
