@@ -94,16 +94,16 @@ def test_selections_and_lse_with_empty_blocks(rng):
     lse = (-D).logsumexp(dim=1, ranges=tuple(r))[:, 0]
     with np.errstate(divide="ignore"):
         want = np.log((np.exp(-_dense_d2(x, y)) * mask).sum(1))
-    np.testing.assert_allclose(lse, want, rtol=1e-12)
+    np.testing.assert_allclose(lse, want, rtol=1e-12, atol=1e-13)
     w = (-D).logsumexp(dim=1, weight=Vj(np.abs(b) + 0.1), ranges=tuple(r))
     with np.errstate(divide="ignore"):
         want_w = np.log((np.exp(-_dense_d2(x, y)) * mask) @ (np.abs(b) + 0.1))
-    np.testing.assert_allclose(w, want_w, rtol=1e-12)
+    np.testing.assert_allclose(w, want_w, rtol=1e-12, atol=1e-13)
     s = (-D).sumsoftmaxweight(Vj(b), dim=1, ranges=tuple(r))
     P = np.exp(-_dense_d2(x, y)) * mask
     with np.errstate(invalid="ignore"):
         want_s = (P @ b) / P.sum(1, keepdims=True)
-    np.testing.assert_allclose(s[has], want_s[has], rtol=1e-10)
+    np.testing.assert_allclose(s[has], want_s[has], rtol=1e-10, atol=1e-12 * np.abs(b).max())
     assert np.isnan(s[~has]).all()
 
 
@@ -120,7 +120,7 @@ def test_repeated_and_unordered_intervals(rng):
     want = np.zeros((7, 1))
     want[4:7, 0] = P[4:7, 5:9].sum(1) + P[4:7, 5:7].sum(1)
     want[0:3, 0] = P[0:3, 0:4].sum(1)
-    np.testing.assert_allclose(out, want, rtol=1e-12)
+    np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-13 * np.abs(P).sum())
     idx = (Vi(x) * Vj(y)).argmax(dim=1, ranges=ranges)
     np.testing.assert_array_equal(idx[4:7, 0], 5 + np.argmax(P[4:7, 5:9] / b[5:9, 0], 1))
     assert idx[3, 0] == -1
@@ -162,11 +162,13 @@ def test_genred_ranges(rng):
     f = Genred("Exp(-g * SqDist(x, y)) * b", ["x = Vi(2)", "y = Vj(2)", "b = Vj(2)", "g = Pm(1)"],
                reduction_op="Sum", axis=1)
     Kd = np.exp(-2.0 * _dense_d2(x, y)) * mask
-    np.testing.assert_allclose(f(x, y, b, g, ranges=ranges), Kd @ b, rtol=1e-12)
+    tol = 1e-12 * (Kd @ np.abs(b)).max()  # signed sums: relative to the terms' size
+    np.testing.assert_allclose(f(x, y, b, g, ranges=ranges), Kd @ b, rtol=1e-12, atol=tol)
     f0 = Genred("Exp(-g * SqDist(x, y)) * a", ["x = Vi(2)", "y = Vj(2)", "a = Vi(1)", "g = Pm(1)"],
                 reduction_op="Sum", axis=0)
     a = rng.standard_normal((90, 1))
-    np.testing.assert_allclose(f0(x, y, a, g, ranges=ranges), Kd.T @ a, rtol=1e-12)
+    np.testing.assert_allclose(f0(x, y, a, g, ranges=ranges), Kd.T @ a, rtol=1e-12,
+                               atol=1e-12 * (Kd.T @ np.abs(a)).max())
 
 
 def test_ranges_errors(rng):
