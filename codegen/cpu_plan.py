@@ -168,21 +168,17 @@ def distribute_dots(formula: ir.Node) -> ir.Node:
     """``⟨A, B ± C⟩`` -> ``⟨A, B⟩ ± ⟨A, C⟩`` for large dimensions when A is on one side
     (i or j) and B, C on different ones: gradients of softmax-weighted sums read
     ``⟨g_i, v_j - out_i⟩``, a dot product in disguise."""
-    memo: dict = {}  # id(node) -> its variables' categories (nodes of the new formula)
+    memo: dict = {}  # node -> its variables' categories (nodes are hash-consed)
 
     def cats(n):
-        c = memo.get(id(n))
-        if c is None:  # a node built here: its arguments are known
+        c = memo.get(n)
+        if c is None:  # built bottom-up: the arguments are already known
             c = {n.cat} if n.op == "var" else set().union(*(cats(a) for a in n.args))
-            memo[id(n)] = c
+            memo[n] = c
         return c
-
-    keep = []  # the nodes whose ids are in memo stay alive
 
     def fn(node, args):
         new = node if args == node.args else ir.make(node.op, args, node.params, node.dim)
-        keep.append(new)
-        cats(new)
         if new.op != "sum" or not DOT_MIN_DIM <= args[0].dim <= MAX_DOT_DIM:
             return new
         m = args[0]
@@ -197,9 +193,7 @@ def distribute_dots(formula: ir.Node) -> ir.Node:
                 if ("j" in cx) != ("j" in cy) or ("i" in cx) != ("i" in cy):
                     left = ops.apply("sum", ops.apply("mul", a, x))
                     right = ops.apply("sum", ops.apply("mul", a, y))
-                    out = ops.apply(s.op, left, right)
-                    keep.extend((left, right, out, left.args[0], right.args[0]))
-                    return out
+                    return ops.apply(s.op, left, right)
         return new
 
     return ir.rebuild(formula, fn)

@@ -101,21 +101,14 @@ def _has_j(node: ir.Node, memo: dict) -> bool:
     return memo[key]
 
 
-_ONE = None
-
-
-def _one() -> ir.Node:
-    global _ONE
-    if _ONE is None:
-        _ONE = ir.const(1.0)
-    return _ONE
+_ONE = ir.const(1.0)  # the weight of a factor taken as it is
 
 
 def _scale(terms, s: ir.Node, sign: float = 1.0):
     """Terms multiplied by the scalar ``s``."""
     out = []
     for w, f, c in terms:
-        w2 = s if w is _one() else (w if s is _one() else ops.apply("mul", s, w))
+        w2 = s if w is _ONE else (w if s is _ONE else ops.apply("mul", s, w))
         out.append((w2, f, c * sign))
     return out
 
@@ -125,10 +118,10 @@ def _lin(node: ir.Node, memo: dict, depth: int = 0):
     if depth > 64:
         return None
     if not _has_j(node, memo):
-        return [(_one(), node, 1.0)]
+        return [(_ONE, node, 1.0)]
     op = node.op
     if is_column(node):  # a j-variable, or a slice of one
-        return [(_one(), node, 1.0)]
+        return [(_ONE, node, 1.0)]
     if op == "neg":
         inner = _lin(node.args[0], memo, depth + 1)
         return None if inner is None else [(w, f, -c) for w, f, c in inner]

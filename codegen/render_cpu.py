@@ -259,6 +259,15 @@ static LT_INLINE void lt_sqdist{D}(const T* __restrict__ A, const T* __restrict_
 """
 
 
+def _offsets(specs: list, start: int) -> tuple:
+    """({index: first component}, end) of variables laid out one after the other."""
+    offsets = {}
+    for v in specs:
+        offsets[v.index] = start
+        start += v.dim
+    return offsets, start
+
+
 class _Layout:
     """Which values are staged per chunk and how each variable is addressed."""
 
@@ -281,28 +290,14 @@ class _Layout:
         self.staged = [v for v in self.orig if v.cat == "j" and v.dim > 1
                        and v.index in used and not self.wide]
         self.staged += [v for v in self.cols if v.index in used]
-        self.stage_offset = {}
-        off = 0
-        for v in self.staged:
-            self.stage_offset[v.index] = off
-            off += v.dim
-        self.stage_dims = off
+        self.stage_offset, self.stage_dims = _offsets(self.staged, 0)
         # packed: the j-side operands of dot products, in panels of LT_NR columns, each
         # panel k-major (see lt_dot), after the staged values in the same buffer
         self.packed = [v for v in self.orig + self.cols if v.index in dot_b]
-        self.pack_offset = {}
-        for v in self.packed:
-            self.pack_offset[v.index] = off
-            off += v.dim
-        self.buffer_dims = off
+        self.pack_offset, self.buffer_dims = _offsets(self.packed, self.stage_dims)
         self.formula_specs = self.orig + self.rows + self.cols + [
             VarSpec(d.var.index, 1, "j") for d in plan.dots]
-        self.row_offset = {}
-        off = 0
-        for v in self.rows:
-            self.row_offset[v.index] = off
-            off += v.dim
-        self.n_row_values = off
+        self.row_offset, self.n_row_values = _offsets(self.rows, 0)
         self.row_of_node = {d.node: d.var.index for d in plan.rows}
 
     def j_bytes(self, size: int) -> int:
