@@ -13,6 +13,7 @@ the saved indices: the formula is re-evaluated in torch at the selected pairs on
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
@@ -146,9 +147,16 @@ def sum_split_rows(call: ReductionCall, args: list):
     """``Σ_j`` of ``call``'s formula, with its row terms ``s(i, j) L(i)`` (gradients of
     kernels in high dimension: ``c_ij (x_i - y_j)``) multiplied by ``L(i)`` after the sum,
     so that the kernel runs weighted sums of j-vectors (:mod:`codegen.linearize`)."""
-    if call.backend != "numpy":
-        call, args = _hoist_columns(call, list(args))
-    split = linearize.split_rows(call.formula) if call.backend != "numpy" else None
+    if call.backend == "numpy":
+        return KernelReduction.apply(call, *args)[0]
+    formula, hoisted, split = _wide_plan(call.formula, call.cats)
+    args = list(args)
+    if hoisted:
+        arrays = {k: a for k, (a, cat) in enumerate(zip(args, call.cats)) if cat == "j"}
+        xp = reference.arraymath.torch_namespace()
+        args += [reference.evaluate(node, arrays, xp) for node in hoisted]
+    call = dataclasses.replace(call, formula=formula, cats=call.cats + ("j",) * len(hoisted),
+                               dims=call.dims + tuple(n.dim for n in hoisted))
     if split is None:
         return KernelReduction.apply(call, *args)[0]
     (G,) = KernelReduction.apply(dataclasses.replace(call, formula=split.G), *args)
@@ -179,56 +187,47 @@ def sum_split_rows(call: ReductionCall, args: list):
 _HOIST_MIN_INPUT = 17  # hoist j-only values that read vectors at least this wide
 
 
-def _hoist_columns(call: ReductionCall, args: list):
-    """Narrow values of the reduced side alone that read wide vectors of several
+@functools.lru_cache(maxsize=512)
+def _wide_plan(formula: ir.Node, cats: tuple):
+    """(formula, hoisted nodes, row split) of a gradient formula: structural, so worked
+    out once per formula and not on every backward call.
+
+    Narrow values of the reduced side alone that read wide vectors of several
     j-variables (``⟨g_j, out_j⟩`` in the i-side gradient of a softmax-weighted sum) are
-    computed once per j in torch and passed as one more j-variable: in the pair loop they
-    would cost a wide loop per pair. (The CPU plan hoists values of one j-variable itself.)"""
+    computed once per j in torch and passed as more j-variables (numbered after
+    ``cats``): in the pair loop they would cost a wide loop per pair. (The CPU plan
+    hoists values of one j-variable itself.) Then the row terms are split off
+    (:func:`codegen.linearize.split_rows`), or None."""
     from codegen.cpu_plan import distribute_dots
 
     # ⟨g_j, v_i - out_j⟩ = ⟨g_j, v_i⟩ - ⟨g_j, out_j⟩: the second term is such a value
-    call = dataclasses.replace(call, formula=distribute_dots(call.formula))
-    memo: dict = {}
-
-    def info(n):  # (reads only j-variables, widest vector read, number of variables)
-        r = memo.get(id(n))
-        if r is None:
-            if n.op == "var":
-                r = (n.cat == "j", n.dim, frozenset((n.index,)))
-            elif n.op == "const":
-                r = (True, 0, frozenset())
-            else:
-                parts = [info(a) for a in n.args]
-                r = (all(p[0] for p in parts), max(p[1] for p in parts),
-                     frozenset().union(*(p[2] for p in parts)))
-            memo[id(n)] = r
-        return r
-
-    found: dict = {}
-    stack, seen = [call.formula], set()
+    formula = distribute_dots(formula)
+    info: dict = {}  # node -> (reads only j-variables, widest vector read, variables read)
+    for n in ir.topo_order(formula):
+        if n.op == "var":
+            info[n] = (n.cat == "j", n.dim, frozenset((n.index,)))
+        elif n.op == "const":
+            info[n] = (True, 0, frozenset())
+        else:
+            parts = [info[a] for a in n.args]
+            info[n] = (all(p[0] for p in parts), max(p[1] for p in parts),
+                       frozenset().union(*(p[2] for p in parts)))
+    hoisted: dict = {}  # the topmost such values, in a fixed order
+    stack, seen = [formula], set()
     while stack:
         n = stack.pop()
-        if id(n) in seen or n.op in ("var", "const"):
+        if n in seen or n.op in ("var", "const"):
             continue
-        seen.add(id(n))
-        only_j, widest, used = info(n)
+        seen.add(n)
+        only_j, widest, used = info[n]
         if only_j and n.dim <= 16 and widest >= _HOIST_MIN_INPUT and len(used) >= 2:
-            found[n] = None
+            hoisted[n] = None
             continue
         stack.extend(n.args)
-    if not found:
-        return call, args
-    arrays = {k: a for k, (a, cat) in enumerate(zip(args, call.cats)) if cat == "j"}
-    xp = reference.arraymath.torch_namespace()
-    mapping, cats, dims = {}, list(call.cats), list(call.dims)
-    for node in found:
-        value = reference.evaluate(node, arrays, xp)
-        mapping[node] = ir.var(len(args), node.dim, "j")
-        args.append(value)
-        cats.append("j")
-        dims.append(node.dim)
-    formula = ir.substitute(call.formula, mapping)
-    return dataclasses.replace(call, formula=formula, cats=tuple(cats), dims=tuple(dims)), args
+    if hoisted:
+        formula = ir.substitute(formula, {n: ir.var(len(cats) + k, n.dim, "j")
+                                          for k, n in enumerate(hoisted)})
+    return formula, tuple(hoisted), linearize.split_rows(formula)
 
 
 def _sum_opts(call) -> tuple:
