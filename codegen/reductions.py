@@ -371,6 +371,13 @@ LT_HD LT_INLINE void lt_lse_add(TA& m, TA* s, const TA* t, int n, TA tm) {
   else if (tm == m) { for (int c = 0; c < n; ++c) s[c] += t[c]; }
   else { const TA sc = exp(tm - m); for (int c = 0; c < n; ++c) s[c] += t[c] * sc; }
 }
+// The largest of a tile's terms, NaN if one is NaN (the CPU tiles' first pass).
+LT_INLINE T lt_tile_max(const T* f, int nj) {
+  T tm = -(T)INFINITY; int nan = 0;
+  _Pragma("omp simd reduction(max:tm) reduction(|:nan)")
+  for (int jj = 0; jj < nj; ++jj) { const T x = f[jj]; nan |= (x != x); tm = x > tm ? x : tm; }
+  return nan ? (T)NAN : tm;
+}
 """
 
 
@@ -399,10 +406,7 @@ struct Acc {{
     TA t[{nsum}]; for (int c = 0; c < {nsum}; ++c) t[c] = {weights.format(f="f", jj="0", stride="1")};
     lt_lse_add(m, s, t, {nsum}, (TA)f[0]); }}
   LT_INLINE void tile(const T* fb, int nj, int64_t j0) {{
-    T tm = -(T)INFINITY; int nan = 0;
-    _Pragma("omp simd reduction(max:tm) reduction(|:nan)")
-    for (int jj = 0; jj < nj; ++jj) {{ const T x = fb[jj]; nan |= (x != x); tm = x > tm ? x : tm; }}
-    if (nan) tm = (T)NAN;
+    const T tm = lt_tile_max(fb, nj);
     if (tm == -(T)INFINITY) return;
     TA t[{nsum}];
     if (tm == (T)INFINITY) {{  // exp(inf - inf) would be NaN: count the +inf terms

@@ -194,10 +194,7 @@ struct Acc {{
   LT_INLINE void tile(const T* fb, int nj, int64_t j0) {{ (void)fb; (void)nj; (void)j0; }}
   LT_INLINE void wtile(const T* fb, int nj, int64_t j0, {params}) {{
     const T* f = fb + {f_comp} * TJ;
-    T tm = -(T)INFINITY; int nan = 0;
-    _Pragma("omp simd reduction(max:tm) reduction(|:nan)")
-    for (int jj = 0; jj < nj; ++jj) {{ const T x = f[jj]; nan |= (x != x); tm = x > tm ? x : tm; }}
-    if (nan) tm = (T)NAN;
+    const T tm = lt_tile_max(f, nj);
     if (tm == -(T)INFINITY) return;
     TA t[{nsum}];
     for (int c = 0; c < {nsum}; ++c) t[c] = 0;
