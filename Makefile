@@ -17,20 +17,20 @@ $(STAMP): $(PY) pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m lazytensor.demo
+	$(PY) -m examples.demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 bench: $(STAMP)
-	$(PY) -m lazytensor.bench
+	$(PY) -m benchmarks.bench
 
 gpu-check: $(STAMP)
-	$(PY) -m lazytensor.gpu_check
+	$(PY) -m tools.gpu_check
 
 lint: $(STAMP)
 	$(PY) -m pip install -q ruff
-	$(PY) -m ruff check lazytensor codegen cache tests
+	$(PY) -m ruff check lazytensor codegen cache tests benchmarks examples tools
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -6,7 +6,7 @@ hands over a ``build(tmpdir)`` function; the cache runs it at most once across t
 and processes, stores the result atomically and verifies it on every load.
 
 >>> import tempfile
->>> from cache import KernelCache
+>>> from lazytensor.cache import KernelCache
 >>> cache = KernelCache(tempfile.mkdtemp())
 >>> def build(tmp):
 ...     (tmp / "kernel.cpp").write_text("// source")
@@ -16,9 +16,9 @@ and processes, stores the result atomically and verifies it on every load.
 >>> path.name, cache.lookup("ab" * 32) == path
 ('kernel.so', True)
 
-Modules: :mod:`cache.entry` (what an entry is and how it is verified),
-:mod:`cache.location` (choosing a private root, falling back),
-:mod:`cache.store` (:class:`KernelCache`, locking, :func:`default_cache`).
+Modules: :mod:`lazytensor.cache.entry` (what an entry is and how it is verified),
+:mod:`lazytensor.cache.location` (choosing a private root, falling back),
+:mod:`lazytensor.cache.store` (:class:`KernelCache`, locking, :func:`default_cache`).
 """
 
 from .entry import FORMAT_VERSION

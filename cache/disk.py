@@ -71,7 +71,7 @@ def storage(root: str, doing: str) -> Iterator[None]:
     >>> with storage("/r", "writing"):
     ...     raise OSError(errno.ENOSPC, "No space left on device")
     Traceback (most recent call last):
-    cache.disk.StorageFailure: writing failed: [Errno 28] No space left on device
+    lazytensor.cache.disk.StorageFailure: writing failed: [Errno 28] No space left on device
     """
     try:
         yield

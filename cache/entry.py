@@ -62,7 +62,7 @@ def check_key(key: object) -> str:
 
     >>> check_key("../../etc/passwd")
     Traceback (most recent call last):
-    cache.errors.InvalidKeyError: cache key must be 16-128 lower-case hex digits, got '../../etc/passwd'
+    lazytensor.cache.errors.InvalidKeyError: cache key must be 16-128 lower-case hex digits, got '../../etc/passwd'
     """
     if not is_key(key):
         raise InvalidKeyError(f"cache key must be 16-128 lower-case hex digits, got {key!r}")
@@ -76,7 +76,7 @@ def check_file_name(name: object) -> str:
     'kernel.so'
     >>> check_file_name("../kernel.so")
     Traceback (most recent call last):
-    cache.errors.InvalidKeyError: file name must match [A-Za-z0-9_][A-Za-z0-9_.+-]* (at most 128 characters, not meta.json), got '../kernel.so'
+    lazytensor.cache.errors.InvalidKeyError: file name must match [A-Za-z0-9_][A-Za-z0-9_.+-]* (at most 128 characters, not meta.json), got '../kernel.so'
     """
     if not isinstance(name, str) or _NAME_RE.fullmatch(name) is None or name == META_NAME:
         raise InvalidKeyError(

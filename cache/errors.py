@@ -5,7 +5,7 @@ itself (a bad key, a build that wrote no binary, a lock that never came free, a 
 cannot be used even after falling back). Exceptions raised by a caller's ``build``
 function are never wrapped: they reach the caller unchanged.
 
->>> from cache import CacheError, InvalidKeyError
+>>> from lazytensor.cache import CacheError, InvalidKeyError
 >>> issubclass(InvalidKeyError, CacheError) and issubclass(InvalidKeyError, ValueError)
 True
 """
@@ -18,7 +18,7 @@ class CacheError(RuntimeError):
 
     >>> raise CacheError("lock timed out")  # doctest: +IGNORE_EXCEPTION_DETAIL
     Traceback (most recent call last):
-    cache.errors.CacheError: lock timed out
+    lazytensor.cache.errors.CacheError: lock timed out
     """
 
 

@@ -4,7 +4,7 @@ Readers take no lock: an entry appears in one ``os.replace`` and is re-verified 
 load, so a reader sees either nothing or a complete entry. Writers of a key serialise
 on a ``threading.Lock`` (threads of this process) and then a ``FileLock`` (processes),
 so a new kernel is compiled once however many processes ask for it at the same time.
-The on-disk layout and the locking are in :mod:`cache.disk`.
+The on-disk layout and the locking are in :mod:`lazytensor.cache.disk`.
 
 >>> import tempfile
 >>> cache = KernelCache(tempfile.mkdtemp())

@@ -22,7 +22,7 @@ into an equivalent one whose pair loop reads precomputed values:
 Pseudo-variables get indices after the formula's own variables; rows are category
 ``"i"``, columns and dot products category ``"j"``.
 
->>> from codegen import ir, ops
+>>> from lazytensor.codegen import ir, ops
 >>> x, y = ir.var(0, 32, "i"), ir.var(1, 32, "j")
 >>> d = ops.apply("sum", ops.apply("square", ops.apply("sub", x, y)))
 >>> plan = plan_cpu(ops.apply("exp", ops.apply("neg", d)), 2)

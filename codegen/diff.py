@@ -3,7 +3,7 @@
 ``vjp(F, [x], g)`` is the formula ``(∂F/∂x)ᵀ g``: a new formula in the same variables plus
 ``g``, which a reduction turns into a gradient (see :mod:`lazytensor.autograd`).
 
->>> from codegen import ir
+>>> from lazytensor.codegen import ir
 >>> x = ir.var(0, 3, "i"); g = ir.var(1, 1, "i")
 >>> F = ops.apply("sum", ops.apply("mul", x, x))
 >>> ir.to_text(vjp(F, [x], g)[x])  # g x + g x: the product rule, both factors x

@@ -5,7 +5,7 @@ An elementwise op is a few lines: its scalar expression (a sympy expression in
 sympy's derivative is not the numerically best form, its partial derivatives as IR.
 The VJP and JVP rules are derived from the partial derivatives once, for all of them.
 
->>> from codegen import ir, ops
+>>> from lazytensor.codegen import ir, ops
 >>> x = ir.var(0, 2, "i")
 >>> ops.apply("sigmoid", x).dim
 2

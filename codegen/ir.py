@@ -5,7 +5,7 @@ A node is ``Node(op, args, params, dim)``:
 - ``op == "var"``: a variable; ``params == (index, cat)`` with ``cat`` in ``"i"``, ``"j"``,
   ``"p"`` (i-indexed, j-indexed, parameter). ``dim`` is its vector dimension.
 - ``op == "const"``: a constant vector; ``params`` holds its float values.
-- any other ``op``: an entry of :mod:`codegen.ops`; ``params`` are its static arguments.
+- any other ``op``: an entry of :mod:`lazytensor.codegen.ops`; ``params`` are its static arguments.
 
 Identical nodes are the same object (hash-consing), so structural equality is identity
 and common subterms are shared for free.

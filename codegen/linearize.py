@@ -20,7 +20,7 @@ second a product of the (rows × j) matrix of weights with the (j × E) matrix o
 kernel accumulates it with the vector along E and the weight broadcast. The formula
 dimension the pair loop sees drops from E to the number of distinct weights.
 
->>> from codegen import ir, ops
+>>> from lazytensor.codegen import ir, ops
 >>> x, y, v = ir.var(0, 3, "i"), ir.var(1, 3, "j"), ir.var(2, 64, "j")
 >>> k = ops.apply("exp", ops.apply("neg", ops.apply("sum", ops.apply("square", ops.apply("sub", x, y)))))
 >>> lin = linearize(ops.apply("mul", k, v))

@@ -1,12 +1,12 @@
 """The op registry: one entry per op holds everything about it.
 
 An :class:`OpDef` has the op's name, arity, dimension rule, C emission, reference
-(NumPy/torch through :mod:`codegen.arraymath`), VJP rule and JVP rule. Elementwise
-scalar functions are defined by a sympy expression (see :mod:`codegen.elementwise`);
+(NumPy/torch through :mod:`lazytensor.codegen.arraymath`), VJP rule and JVP rule. Elementwise
+scalar functions are defined by a sympy expression (see :mod:`lazytensor.codegen.elementwise`);
 vector ops (sums over the vector dimension, slices, products) are defined in
-:mod:`codegen.vector_ops` and emitted as loops.
+:mod:`lazytensor.codegen.vector_ops` and emitted as loops.
 
->>> from codegen import ir
+>>> from lazytensor.codegen import ir
 >>> x = ir.var(0, 3, "i")
 >>> apply("exp", x).dim
 3
@@ -73,7 +73,7 @@ def apply(name: str, *args: ir.Node, params=()) -> ir.Node:
     """Build the node ``name(*args)``, checking arity and dimensions, simplifying trivially.
 
     Only local, cheap rewrites happen here (constant folding is left to
-    :mod:`codegen.simplify`), so that derivative formulas stay small.
+    :mod:`lazytensor.codegen.simplify`), so that derivative formulas stay small.
     """
     opdef = get(name)
     if opdef.arity is not None and len(args) != opdef.arity:

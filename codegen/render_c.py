@@ -3,9 +3,9 @@
 The formula becomes ``lt_formula(v0, v1, ..., out)``: one local array per IR node, each
 line commented with the node it comes from. It and the reduction's ``Acc`` struct are
 emitted by :func:`render_shared` as inline functions that g++ and nvcc both compile.
-The CPU skeleton around them (:func:`render_cpu_kernel`) is in :mod:`codegen.render_cpu`.
+The CPU skeleton around them (:func:`render_cpu_kernel`) is in :mod:`lazytensor.codegen.render_cpu`.
 
->>> from codegen import ir, ops
+>>> from lazytensor.codegen import ir, ops
 >>> x, y = ir.var(0, 3, "i"), ir.var(1, 3, "j")
 >>> src = render_cpu_kernel(ops.apply("sum", ops.apply("mul", x, y)),
 ...                         [VarSpec(0, 3, "i"), VarSpec(1, 3, "j")], "sum", {}, "float32")

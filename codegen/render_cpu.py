@@ -1,6 +1,6 @@
 """The CPU kernel skeleton ``lt_run`` around the shared formula and ``Acc`` (render_c.py).
 
-The formula is first planned (:mod:`codegen.cpu_plan`): values that depend on i only
+The formula is first planned (:mod:`lazytensor.codegen.cpu_plan`): values that depend on i only
 become per-row values, costly values of one j-variable become columns, large dot
 products become small matrix products. Then:
 
@@ -360,7 +360,7 @@ def _stage(L: _Layout) -> str:
 
 def _row_block(L: _Layout, F: int, R: int, after_tile: str = "") -> str:
     """``lt_rows``: rows [i0, i1) against columns [jb, je) into ``accs`` (``after_tile``:
-    a statement run after each ``Acc::tile``, see :mod:`codegen.render_wide`)."""
+    a statement run after each ``Acc::tile``, see :mod:`lazytensor.codegen.render_wide`)."""
     ptr_args = ", ".join(f"const T* __restrict__ P{v.index}" for v in L.orig)
     decl = [f"  alignas(64) T fb[{F} * TJ];"]
     nrv = L.n_row_values
@@ -532,7 +532,7 @@ def render_cpu_kernel(formula, var_specs, reduction: str, opts: dict, dtype: str
     """Complete C++ source of the CPU kernel ``lt_run`` (see the module docstring).
 
     A Sum of wide terms that are weights times j-variables runs its narrow part in the
-    pair loop and the rest as weighted sums of the j-vectors (:mod:`codegen.render_wide`)."""
+    pair loop and the rest as weighted sums of the j-vectors (:mod:`lazytensor.codegen.render_wide`)."""
     lin = wide_sum(formula, reduction)
     if lin is not None:
         src = _render(lin.narrow, var_specs, reduction, opts, dtype, dot_tiling, lin)

@@ -25,8 +25,8 @@ The block-level phases (decode a block, load a row, copy a tile, push a tile, fi
 merge a row) are ``LT_HD`` functions, so :func:`render_cuda_emulator` can run the same
 skeleton on the host, thread by thread, to test it without a GPU.
 
->>> from codegen import ir, ops
->>> from codegen.render_c import VarSpec
+>>> from lazytensor.codegen import ir, ops
+>>> from lazytensor.codegen.render_c import VarSpec
 >>> x, y = ir.var(0, 3, "i"), ir.var(1, 3, "j")
 >>> src = render_cuda_kernel(ops.apply("sum", ops.apply("mul", x, y)),
 ...                          [VarSpec(0, 3, "i"), VarSpec(1, 3, "j")], "sum", {}, "float32")

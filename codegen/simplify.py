@@ -5,7 +5,7 @@ subexpressions; this pass removes them before emission. Common subterms are alre
 shared by hash-consing. Rewrites keep each node's dimension (a dimension-1 result that
 replaces a dimension-D node is expanded).
 
->>> from codegen import ir, ops
+>>> from lazytensor.codegen import ir, ops
 >>> x = ir.var(0, 3, "i")
 >>> simplify(ops.apply("mul", x, ir.const(1.0))) is x
 True

@@ -2,7 +2,7 @@
 
 Matrices are stored row-major in a vector: ``A`` of dimension ``n*m`` is ``A[r*m + c]``.
 
->>> from codegen import ir, ops
+>>> from lazytensor.codegen import ir, ops
 >>> A = ir.var(0, 6, "i"); x = ir.var(1, 3, "j")
 >>> ops.apply("matvec", A, x).dim
 2

@@ -6,15 +6,70 @@
 >>> K = (-Vi(x).sqdist(Vj(y))).exp()
 >>> (K @ b).shape
 (500, 2)
+
+The public names load on first use, so that ``import lazytensor.cache`` (or
+``lazytensor.codegen``) does not import the rest of the package.
 """
 
-from .custom import elementwise
-from .genred import Genred, generic_argkmin, generic_argmin, generic_logsumexp, generic_sum
-from .lazy import LazyTensor, Pm, Vi, Vj
-from .solve import KernelSolve
+from __future__ import annotations
+
+import importlib
+import os
+import sys
 
 __version__ = "0.1.0"
 
-__all__ = ["LazyTensor", "Pm", "Vi", "Vj", "__version__"]
-__all__ += ["Genred", "KernelSolve", "elementwise", "generic_argkmin", "generic_argmin",
-            "generic_logsumexp", "generic_sum"]
+
+class _SourceTreeFinder:
+    """Finds ``lazytensor.codegen`` and ``lazytensor.cache`` in a source tree.
+
+    The repository keeps ``codegen/`` and ``cache/`` next to ``lazytensor/``; an install
+    (wheel, or the editable install's own finder) places them under ``lazytensor``. Run
+    from a checkout that was not installed (``PYTHONPATH=.``), this finder, last on
+    ``sys.meta_path``, maps them to the sibling folders.
+    """
+
+    def __init__(self, root: str):
+        self.dirs = {f"{__name__}.{name}": os.path.join(root, name) for name in ("codegen", "cache")}
+
+    def find_spec(self, fullname, path=None, target=None):
+        folder = self.dirs.get(fullname)
+        init = os.path.join(folder, "__init__.py") if folder else None
+        if init is None or not os.path.isfile(init):
+            return None
+        import importlib.util
+
+        return importlib.util.spec_from_file_location(fullname, init,
+                                                      submodule_search_locations=[folder])
+
+
+_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if not os.path.isdir(os.path.join(_root, "lazytensor", "codegen")) and not any(
+        type(f).__name__ == "_SourceTreeFinder" for f in sys.meta_path):
+    sys.meta_path.append(_SourceTreeFinder(_root))
+
+# public name -> module that defines it
+_EXPORTS = {
+    "LazyTensor": "lazy", "Vi": "lazy", "Vj": "lazy", "Pm": "lazy",
+    "Genred": "genred", "generic_sum": "genred", "generic_logsumexp": "genred",
+    "generic_argmin": "genred", "generic_argkmin": "genred",
+    "KernelSolve": "solve",
+    "elementwise": "custom",
+}
+
+__all__ = ["LazyTensor", "Pm", "Vi", "Vj", "__version__", "Genred", "KernelSolve",
+           "elementwise", "generic_argkmin", "generic_argmin", "generic_logsumexp",
+           "generic_sum"]
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -18,7 +18,7 @@ def main(argv=None) -> int:
     cache_cmd.add_argument("--json", action="store_true", help="print info as JSON")
     args = parser.parse_args(argv)
 
-    from cache import default_cache
+    from .cache import default_cache
 
     cache = default_cache()
     if args.action == "clear":

@@ -17,9 +17,8 @@ import functools
 
 import torch
 
-from codegen import diff, ir, linearize, ops
-
 from . import reference
+from .codegen import diff, ir, linearize, ops
 from .engine import ReductionCall, execute
 
 _ARG_VARIANT = {"min": "min_argmin", "max": "max_argmax", "kmin": "kmin_argkmin"}
@@ -198,7 +197,7 @@ def _wide_plan(formula: ir.Node, cats: tuple):
     ``cats``): in the pair loop they would cost a wide loop per pair. (The CPU plan
     hoists values of one j-variable itself.) Then the row terms are split off
     (:func:`codegen.linearize.split_rows`), or None."""
-    from codegen.cpu_plan import distribute_dots
+    from .codegen.cpu_plan import distribute_dots
 
     # ⟨g_j, v_i - out_j⟩ = ⟨g_j, v_i⟩ - ⟨g_j, out_j⟩: the second term is such a value
     formula = distribute_dots(formula)
@@ -272,7 +271,7 @@ def _gather_vjp(call, inputs, outs, g, needs) -> list:
                 flat = full.reshape(-1, call.M, x.shape[-1])
                 gi = safe.reshape(flat.shape[0], -1)[..., None].expand(-1, -1, x.shape[-1])
                 env[k] = torch.gather(flat, 1, gi).reshape(*batch, call.N, KF, x.shape[-1])
-        from codegen.arraymath import torch_namespace
+        from .codegen.arraymath import torch_namespace
 
         values = reference.evaluate(call.formula, env, torch_namespace())
         values = values.expand(*batch, call.N, KF, F)

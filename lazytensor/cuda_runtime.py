@@ -23,9 +23,8 @@ import sys
 import threading
 from dataclasses import dataclass
 
-from codegen import ir, reductions
-from codegen.render_cuda import MAX_BATCH_DIMS, THREADS, args_fields, tile_rows
-
+from .codegen import ir, reductions
+from .codegen.render_cuda import MAX_BATCH_DIMS, THREADS, args_fields, tile_rows
 from .runtime import KernelSpec, _debug
 
 KERNEL_NAME = "lt"  # symbols lt_reduce, lt_merge, lt_acc
@@ -220,9 +219,8 @@ def get_cuda_kernel(spec: KernelSpec, device) -> CudaKernel:
 
 
 def _cubin(spec: KernelSpec, index: int) -> bytes:
-    from cache import default_cache
-    from codegen.compilers import CompilerNotFound, compile_cuda, cuda_identity
-
+    from .cache import default_cache
+    from .codegen.compilers import CompilerNotFound, compile_cuda, cuda_identity
     from .cuda_driver import driver
 
     major, minor = driver().compute_capability(index)
@@ -237,7 +235,7 @@ def _cubin(spec: KernelSpec, index: int) -> bytes:
     path = cache.lookup(key, "kernel.cubin")
     if path is None:
         def build(tmpdir):
-            from codegen.render_cuda import render_cuda_kernel
+            from .codegen.render_cuda import render_cuda_kernel
 
             source = render_cuda_kernel(spec.formula, list(spec.var_specs), spec.reduction,
                                         spec.opts_dict, spec.dtype, name=KERNEL_NAME)

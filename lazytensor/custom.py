@@ -21,10 +21,9 @@ import keyword
 import threading
 from typing import Callable
 
-from codegen import elementwise as ew
-from codegen import ops, parse, sympy_bridge
-
 from .binding import is_torch
+from .codegen import elementwise as ew
+from .codegen import ops, parse, sympy_bridge
 
 _lock = threading.Lock()
 _DEFINED: dict = {}  # name -> UserFunction
@@ -55,7 +54,7 @@ class UserFunction:
         """Elementwise values on NumPy arrays or torch tensors (the op's reference)."""
         import numpy as np
 
-        from codegen import arraymath
+        from .codegen import arraymath
 
         if any(is_torch(a) for a in args):
             import torch
@@ -115,7 +114,7 @@ def _derivative_problem(expr, syms):
     """None if sympy's partial derivatives translate to IR, else the reason they don't."""
     import sympy
 
-    from codegen import ir
+    from .codegen import ir
 
     placeholders = [ir.var(k, 1, "i") for k in range(len(syms))]
     try:

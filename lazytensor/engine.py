@@ -14,11 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from codegen import ir, reductions
-from codegen.render_c import VarSpec
-
 from . import reference, runtime
 from .binding import Signature, Variable, bind, is_torch
+from .codegen import ir, reductions
+from .codegen.render_c import VarSpec
 
 BACKENDS = ("auto", "cpu", "cuda", "numpy")
 _SWAP = {"i": "j", "j": "i", "p": "p"}
@@ -75,7 +74,7 @@ def _resolve_backend(backend: str, device: str) -> str:
     if backend == "cuda":
         raise ValueError("backend='cuda' needs torch CUDA tensors; move them with .cuda()")
     if backend == "auto":
-        from codegen.compilers import cpu_compiler
+        from .codegen.compilers import cpu_compiler
 
         if cpu_compiler().available:
             return "cpu"

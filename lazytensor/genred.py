@@ -19,10 +19,9 @@ import numbers
 
 import numpy as np
 
-from codegen import ops, parse
-
 from . import engine
 from .binding import Variable, array_dtype, is_torch
+from .codegen import ops, parse
 
 # KeOps reduction name (lower case) -> (our reduction, needs K, takes formula2)
 _REDUCTIONS = {

@@ -15,10 +15,9 @@ import numbers
 
 import numpy as np
 
-from codegen import ir, ops
-
 from . import engine
 from .binding import Variable, array_dtype, is_torch
+from .codegen import ir, ops
 from .genred import IGNORED_OPTIONS, keops_backend, reduction_options
 
 
@@ -758,7 +757,7 @@ class LazyTensor:
         ``v`` is a LazyTensor leaf of this formula; ``gradin`` an i-indexed array (or
         LazyTensor) of this formula's dimension.
         """
-        from codegen import diff
+        from .codegen import diff
 
         if len(v.variables) != 1 or v.formula.op != "var":
             raise ValueError("grad: v must be a LazyTensor wrapping one variable")

@@ -20,16 +20,15 @@ from __future__ import annotations
 
 import torch
 
-from codegen import diff, ir
-
 from .autograd import _concat
+from .codegen import diff, ir
 from .engine import ReductionCall, execute
 
 GRAD_MODES = ("auto", "symbolic", "dual")
 FUSABLE = ("sum", "logsumexp")
 
 # Largest total tangent dimension k for which "auto" picks dual mode. Measured on the CPU
-# backend with `python -m lazytensor.bench --suite dual`: fused forward+backward beats
+# backend with `python -m benchmarks.bench --suite dual`: fused forward+backward beats
 # forward + symbolic backward up to k = 8 for the Gaussian kernel (see BENCHMARKS.md).
 AUTO_MAX_TANGENTS = 8
 

@@ -36,9 +36,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from codegen import reductions
-
 from .binding import Variable, is_torch
+from .codegen import reductions
 
 _OUT_CAT = {1: "i", 0: "j"}  # the category of the output's rows, per reduction axis
 

@@ -5,7 +5,7 @@ Formulas are evaluated in float64 NumPy on chunks of rows (bounded memory: about
 reduction's NumPy reference. Also used as the fallback backend when no compiler exists.
 
 >>> import numpy as np
->>> from codegen import ir, ops
+>>> from lazytensor.codegen import ir, ops
 >>> x, y = ir.var(0, 1, "i"), ir.var(1, 1, "j")
 >>> out = reduce(ops.apply("mul", x, y), [np.ones((2, 1)), np.arange(3.0)[:, None]],
 ...              ["i", "j"], (), 2, 3, "sum", {})
@@ -19,7 +19,7 @@ import os
 
 import numpy as np
 
-from codegen import arraymath, ir, ops, reductions
+from .codegen import arraymath, ir, ops, reductions
 
 
 def evaluate(formula: ir.Node, arrays: dict, xp=None):

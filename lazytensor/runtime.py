@@ -20,8 +20,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from codegen import ir, reductions
-from codegen.cpu_plan import dot_tiling_enabled
+from .codegen import ir, reductions
+from .codegen.cpu_plan import dot_tiling_enabled
 
 CACHE_FORMAT = "lazytensor-kernel-4"
 
@@ -59,12 +59,12 @@ class KernelSpec:
 @functools.cache
 def codegen_fingerprint() -> str:
     """sha256 over the code generator's sources: a changed renderer never reuses old binaries."""
-    import codegen
+    from . import codegen
 
     h = hashlib.sha256()
     root = Path(codegen.__file__).parent
-    for path in sorted(root.glob("*.py")):
-        h.update(path.name.encode())
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
 
@@ -136,14 +136,14 @@ def check_stack(spec: KernelSpec) -> None:
 
 
 def _load_or_build_cpu(spec: KernelSpec) -> CpuKernel:
-    from cache import default_cache
-    from codegen.compilers import cpu_compiler
+    from .cache import default_cache
+    from .codegen.compilers import cpu_compiler
 
     check_stack(spec)
 
     compiler = cpu_compiler()
     if not compiler.available:
-        from codegen.compilers import CompilerNotFound
+        from .codegen.compilers import CompilerNotFound
 
         raise CompilerNotFound("no C++ compiler found (set $CXX or install g++)")
     key = spec.key("cpu", compiler.identity())
@@ -151,7 +151,7 @@ def _load_or_build_cpu(spec: KernelSpec) -> CpuKernel:
     path = cache.lookup(key)
     if path is None:
         def build(tmpdir):
-            from codegen.render_c import render_cpu_kernel
+            from .codegen.render_c import render_cpu_kernel
 
             source = render_cpu_kernel(spec.formula, list(spec.var_specs), spec.reduction,
                                        spec.opts_dict, spec.dtype)

@@ -23,10 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from codegen import ir, ops, parse
-
 from . import engine
 from .binding import Variable, bind, is_torch
+from .codegen import ir, ops, parse
 from .genred import IGNORED_OPTIONS, bind_arguments, keops_backend, reduction_options
 
 

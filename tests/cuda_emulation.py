@@ -93,7 +93,7 @@ _dir = Path(tempfile.mkdtemp(prefix="lazytensor-cuda-emulation-"))
 
 
 def cxx() -> str | None:
-    from codegen.compilers import cpu_compiler
+    from lazytensor.codegen.compilers import cpu_compiler
 
     return cpu_compiler().path
 
@@ -118,7 +118,7 @@ def fake_libcuda() -> Path:
 
 def emulated_kernel_library(spec) -> Path:
     """The host library standing for the cubin of a ``KernelSpec``."""
-    from codegen.render_cuda import render_cuda_emulator, render_cuda_kernel
+    from lazytensor.codegen.render_cuda import render_cuda_emulator, render_cuda_kernel
 
     source = render_cuda_kernel(spec.formula, list(spec.var_specs), spec.reduction,
                                 spec.opts_dict, spec.dtype, name="lt")

@@ -12,8 +12,8 @@ import os
 
 import numpy as np
 import pytest
+from lazytensor.codegen.compilers import cpu_compiler
 
-from codegen.compilers import cpu_compiler
 from lazytensor import LazyTensor, Pm, Vi, Vj
 
 pytestmark = pytest.mark.skipif(not cpu_compiler().available, reason="no C++ compiler")

@@ -8,9 +8,9 @@ import textwrap
 import numpy as np
 import pytest
 import torch
+from lazytensor.codegen import ops
+from lazytensor.codegen.elementwise import ELEMENTWISE
 
-from codegen import ops
-from codegen.elementwise import ELEMENTWISE
 from lazytensor import LazyTensor
 
 
@@ -153,8 +153,8 @@ def test_gradcheck_op(name, rng):
 
 def test_elementwise_partials_exist_for_sympy_ops():
     """Every sympy-defined elementwise op can be differentiated (no untranslatable result)."""
-    from codegen import ir
-    from codegen.elementwise import partial_derivatives
+    from lazytensor.codegen import ir
+    from lazytensor.codegen.elementwise import partial_derivatives
 
     for name, edef in ELEMENTWISE.items():
         if not ops.get(name).differentiable:

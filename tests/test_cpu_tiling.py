@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from lazytensor.codegen import compilers
 
-from codegen import compilers
 from lazytensor import LazyTensor, Vi, Vj, runtime
 
 pytestmark = pytest.mark.skipif(not compilers.cpu_compiler().available, reason="no C++ compiler")

@@ -17,11 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
-from codegen import ir, ops, reductions
-from codegen.compilers import compile_cuda, nvcc_path
-from codegen.render_c import VarSpec
-from codegen.render_cuda import render_cuda_kernel, tile_rows
+from lazytensor.codegen import ir, ops, reductions
+from lazytensor.codegen.compilers import compile_cuda, nvcc_path
+from lazytensor.codegen.render_c import VarSpec
+from lazytensor.codegen.render_cuda import render_cuda_kernel, tile_rows
 
 pytestmark = pytest.mark.skipif(nvcc_path() is None, reason="nvcc not found (CUDA toolkit)")
 

@@ -21,10 +21,10 @@ import cuda_emulation
 import numpy as np
 import pytest
 import torch
+from lazytensor.codegen import compilers, ir, ops, reductions
+from lazytensor.codegen.render_c import VarSpec
+from lazytensor.codegen.render_cuda import MAX_BATCH_DIMS, args_fields
 
-from codegen import compilers, ir, ops, reductions
-from codegen.render_c import VarSpec
-from codegen.render_cuda import MAX_BATCH_DIMS, args_fields
 from lazytensor import LazyTensor, Pm, Vi, Vj, cuda_driver, cuda_runtime, engine, runtime
 
 pytestmark = pytest.mark.skipif(cuda_emulation.cxx() is None, reason="no C++ compiler")

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from lazytensor.codegen.compilers import nvcc_path
 
-from codegen.compilers import nvcc_path
 from lazytensor import LazyTensor, Vi, Vj
 
 pytestmark = [

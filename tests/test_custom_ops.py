@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import sympy
 import torch
+from lazytensor.codegen import arraymath, ops
 
 import lazytensor
-from codegen import arraymath, ops
 from lazytensor import Genred, Vi, Vj, elementwise
 
 

@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from lazytensor.cache import KernelCache
+from lazytensor.codegen import compilers
+from lazytensor.codegen.compilers import CompileError
 
-from cache import KernelCache
-from codegen import compilers
-from codegen.compilers import CompileError
 from lazytensor import Vi, Vj, engine
 
 REPO = Path(__file__).resolve().parents[1]
@@ -199,7 +199,7 @@ def test_cxx_pointing_nowhere_and_no_compiler_on_path(tmp_path):
 import warnings
 import numpy as np
 from lazytensor import Vi, Vj
-from codegen.compilers import CompilerNotFound
+from lazytensor.codegen.compilers import CompilerNotFound
 x, y = np.random.rand(5, 2), np.random.rand(6, 2)
 K = Vi(x).sqdist(Vj(y))
 try:

@@ -10,9 +10,9 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from lazytensor.codegen import ir
+from lazytensor.codegen import parse as formula_parse
 
-from codegen import ir
-from codegen import parse as formula_parse
 from lazytensor import (
     Genred,
     LazyTensor,

@@ -9,9 +9,9 @@ import pickle
 
 import numpy as np
 import pytest
+from lazytensor.codegen import diff, ir, ops
+from lazytensor.codegen.simplify import simplify
 
-from codegen import diff, ir, ops
-from codegen.simplify import simplify
 from lazytensor.reference import evaluate
 
 A = ops.apply
@@ -392,7 +392,7 @@ def test_second_order_vjp_matches_finite_differences(name, rng):
 
 
 def test_simplify_pushes_slices_through_concat_pad_and_elementwise():
-    from codegen.simplify import simplify
+    from lazytensor.codegen.simplify import simplify
 
     x, y, g = ir.var(0, 3, "i"), ir.var(1, 4, "j"), ir.var(2, 5, "i")
     c = ops.apply("concat", x, y)

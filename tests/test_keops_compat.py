@@ -16,10 +16,10 @@ import math
 import numpy as np
 import pytest
 import torch
+from lazytensor.codegen.compilers import cpu_compiler
 
 import lazytensor.numpy as ltnp
 import lazytensor.torch as ltt
-from codegen.compilers import cpu_compiler
 from lazytensor import LazyTensor, Pm, Vi, Vj
 
 pytestmark = pytest.mark.skipif(not cpu_compiler().available, reason="no C++ compiler")

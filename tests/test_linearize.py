@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from lazytensor.codegen import diff, ir, ops
+from lazytensor.codegen.linearize import linearize
 
-from codegen import diff, ir, ops
-from codegen.linearize import linearize
 from lazytensor.reference import evaluate
 
 

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from lazytensor.codegen import diff, ir, ops
+from lazytensor.codegen.compilers import CompileError, cpu_compiler
+from lazytensor.codegen.elementwise import ELEMENTWISE
 
-from codegen import diff, ir, ops
-from codegen.compilers import CompileError, cpu_compiler
-from codegen.elementwise import ELEMENTWISE
 from lazytensor import engine
 from lazytensor.binding import Variable
 from lazytensor.reference import evaluate

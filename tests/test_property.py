@@ -24,8 +24,8 @@ import pytest
 import torch
 from hypothesis import HealthCheck, assume, given, note, settings
 from hypothesis import strategies as st
+from lazytensor.codegen import arraymath, ops
 
-from codegen import arraymath, ops
 from lazytensor import LazyTensor, Vi, Vj, reference
 from lazytensor import custom as custom_ops
 

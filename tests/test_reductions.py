@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from lazytensor.codegen import reductions
+from lazytensor.codegen.compilers import cpu_compiler
 
-from codegen import reductions
-from codegen.compilers import cpu_compiler
 from lazytensor import LazyTensor, Vi, Vj
 
 pytestmark = pytest.mark.skipif(not cpu_compiler().available, reason="no C++ compiler")

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from lazytensor.codegen import ir, ops
+from lazytensor.codegen.render_c import VarSpec, render_cpu_kernel
 
-from codegen import ir, ops
-from codegen.render_c import VarSpec, render_cpu_kernel
 from lazytensor import LazyTensor, Vi, Vj
 
 

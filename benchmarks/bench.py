@@ -1,6 +1,6 @@
 """Benchmarks: this engine against dense torch, pykeops (when importable) and a roofline.
 
-``python -m lazytensor.bench [--suite core|grad|cpu|all] [--quick] [--write BENCHMARKS.md]``
+``python -m benchmarks.bench [--suite core|grad|cpu|all] [--quick] [--write BENCHMARKS.md]``
 
 Method. Every table row runs its contenders in turns, one call each per round, the
 order rotating from round to round, so that a machine whose speed drifts (other jobs, a
@@ -278,7 +278,7 @@ class Roofline:
     """The hand-written reference loop, compiled like the kernels."""
 
     def __init__(self):
-        from codegen.compilers import cpu_compiler
+        from lazytensor.codegen.compilers import cpu_compiler
 
         self.dir = tempfile.mkdtemp(prefix="lazytensor-roofline-")
         path = cpu_compiler().compile(ROOFLINE_CPP, Path(self.dir), "roofline", "roofline loop")
@@ -508,8 +508,10 @@ print(json.dumps({{"import": t1 - t0, "first": t3 - t2}}))
 
 
 def _run_json(code: str) -> dict:
+    repo = str(Path(__file__).resolve().parents[1])  # the child imports benchmarks.bench
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=600, check=True)
+                         timeout=600, check=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -566,7 +568,7 @@ def memory_table(args) -> Table:
 
 _MEMORY = """
 import json, os, threading, time, torch
-from lazytensor.bench import _data, ours_gauss, torch_gauss
+from benchmarks.bench import _data, ours_gauss, torch_gauss
 page = os.sysconf("SC_PAGE_SIZE")
 def rss():
     with open("/proc/self/statm") as f:
@@ -718,7 +720,7 @@ def main(argv=None) -> int:
     if args.write:
         words = list(argv if argv is not None else sys.argv[1:])
         words = ["FILE" if w == args.write else w.replace(args.write, "FILE") for w in words]
-        cmd = "python -m lazytensor.bench " + " ".join(words)  # no machine path in the file
+        cmd = "python -m benchmarks.bench " + " ".join(words)  # no machine path in the file
         head = (f"## {datetime.date.today().isoformat()}: `{cmd}`\n\n"
                 f"Machine: {machine()}.\n\n")
         Path(args.write).write_text(head + "\n".join(t.markdown() for t in tables))

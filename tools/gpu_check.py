@@ -10,7 +10,7 @@ Gaussian sum with N = M = 10^6 on the GPU (checked on its first rows against the
 Exit status: 0 when every case is within tolerance, 1 on a mismatch or error, 2 when no
 GPU (or no C++ compiler for the CPU reference) is usable.
 
-    python -m lazytensor.gpu_check [--quick | --scale S] [--out results.json]
+    python -m tools.gpu_check [--quick | --scale S] [--out results.json]
 
 Requirements, and how a GPU session runs it
 -------------------------------------------
@@ -28,7 +28,7 @@ the CUDA headers (minutes of device time on an offline machine). So:
   script avoids by setting ``LAZYTENSOR_CACHE_DIR``): nothing to install or carry. From
   the repository root, as one command with a timeout of about 8 minutes::
 
-      PYTHONPATH=. PYTHONUNBUFFERED=1 python3 -m lazytensor.gpu_check --out $OUT/gpu_check.json
+      PYTHONPATH=. PYTHONUNBUFFERED=1 python3 -m tools.gpu_check --out $OUT/gpu_check.json
       PYTHONPATH=. python3 -m pytest -q -p no:cacheprovider -m cuda tests/test_cuda_runtime.py
 
   ``make gpu-check`` there would try to build the venv from a registry it cannot reach.
@@ -336,9 +336,9 @@ def run_million(torch, scale: float = 1.0) -> Row:
 
 
 def environment(torch) -> dict:
-    from codegen.compilers import nvcc_path
+    from lazytensor.codegen.compilers import nvcc_path
 
-    from .cuda_driver import driver
+    from lazytensor.cuda_driver import driver
 
     dev = torch.cuda.current_device()
     drv = driver()
@@ -389,7 +389,7 @@ def main(argv=None) -> int:
         print("gpu-check: torch.cuda.is_available() is False: no usable NVIDIA GPU, driver, "
               f"or CUDA build of torch (torch {torch.__version__}, CUDA {torch.version.cuda})")
         return 2
-    from codegen.compilers import cpu_compiler
+    from lazytensor.codegen.compilers import cpu_compiler
 
     if not cpu_compiler().available:
         print("gpu-check: no C++ compiler for the CPU reference backend (install g++)")

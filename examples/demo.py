@@ -2,7 +2,7 @@
 
 ``a_i = Σ_j exp(-|x_i - y_j|² / σ²) b_j`` for N = M = 100,000 points in 3D, float32:
 10^10 pairs, computed without the N × M matrix (which would take 40 GB in float32).
-Run it with ``python -m lazytensor.demo`` (or ``make demo``); ``--n`` changes the size.
+Run it with ``python -m examples.demo`` (or ``make demo``); ``--n`` changes the size.
 
 What it prints, and how each figure is measured:
 

@@ -1,4 +1,4 @@
-"""Mixed-mode (dual) vs symbolic gradients vs dense torch: ``python -m lazytensor.bench_dual``.
+"""Mixed-mode (dual) vs symbolic gradients vs dense torch: ``python -m benchmarks.bench_dual``.
 
 Cases: (a) Gaussian kernel D=3, gradient w.r.t. x; (b) a formula with data-dependent
 branches, an HM-LSTM-like gate ``ifelse(z - 0.5, sigmoid(u), tanh(u)) * v`` summed over j;

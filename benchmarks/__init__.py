@@ -1,0 +1,1 @@
+"""Benchmarks of lazytensor against dense torch and pykeops (not installed with the package)."""

@@ -1,0 +1,1 @@
+"""Examples of lazytensor (not installed with the package)."""

@@ -1,0 +1,1 @@
+"""Tools for developers: the GPU check (not installed with the package)."""
