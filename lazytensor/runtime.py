@@ -17,11 +17,13 @@ import json
 import os
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from .codegen import ir, reductions
 from .codegen.cpu_plan import dot_tiling_enabled
+from .progress import compile_notice
 
 CACHE_FORMAT = "lazytensor-kernel-4"
 
@@ -153,12 +155,15 @@ def _load_or_build_cpu(spec: KernelSpec) -> CpuKernel:
         def build(tmpdir):
             from .codegen.render_c import render_cpu_kernel
 
+            started = time.perf_counter()
             source = render_cpu_kernel(spec.formula, list(spec.var_specs), spec.reduction,
                                        spec.opts_dict, spec.dtype)
             if _debug():
                 print(f"[lazytensor] building kernel {key}\n{source}", file=sys.stderr)
             compiler.compile(source, tmpdir, "kernel",
                              what=f"{spec.reduction} of {ir.to_text(spec.formula)[:300]}")
+            compile_notice(f"{spec.dtype} {spec.reduction} of {ir.to_text(spec.formula)}",
+                           time.perf_counter() - started)
             return {"reduction": spec.reduction, "dtype": spec.dtype,
                     "formula": ir.to_text(spec.formula)[:500]}
 
