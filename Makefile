@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench gpu-check lint clean
+.PHONY: demo test bench gpu-check lint clean tutorials tutorials-save docs
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,7 @@ demo: $(STAMP)
 	$(PY) -m examples.demo
 
 test: $(STAMP)
+	@echo "make test: the suite takes about 10 minutes on 2 cores; skipped groups are summarized at the end"
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 bench: $(STAMP)
@@ -27,6 +28,24 @@ bench: $(STAMP)
 
 gpu-check: $(STAMP)
 	$(PY) -m tools.gpu_check
+
+# Every tutorial notebook in a fresh kernel with an empty kernel cache; fails on an error cell.
+tutorials: $(STAMP)
+	$(PY) -m tools.tutorials
+
+# The same, saving the outputs and figures into the notebooks (to commit them).
+tutorials-save: $(STAMP)
+	$(PY) -m tools.tutorials --write
+
+DOCS_STAMP := $(VENV)/.docs-installed
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+# The API reference, built from the docstrings; fails on a broken cross-reference.
+docs: $(DOCS_STAMP)
+	$(PY) -m sphinx -b html -W -n --keep-going -q docs docs/_build/html
+	@echo "API reference: docs/_build/html/index.html"
 
 lint: $(STAMP)
 	$(PY) -m pip install -q ruff
