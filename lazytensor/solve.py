@@ -82,7 +82,7 @@ def _relative_residual(rs, rs0) -> float:
 
 
 def conjugate_gradient(apply, b, alpha=0.0, eps=1e-6, maxiter=None, verbose=False):
-    """Solve ``alpha x + apply(x) = b`` column by column (``b``: (*batch, rows, E)).
+    """Solve ``alpha x + apply(x) = b`` column by column (``b`` of shape ``(*batch, rows, E)``).
 
     Stops when every column's residual satisfies ``‖r‖ ≤ eps ‖b‖``; warns if ``maxiter``
     iterations (default ``max(100, 10 × rows)``) do not get there. ``verbose=True``
