@@ -344,6 +344,18 @@ def _flock(fd: int, deadline: float | None) -> bool:
         time.sleep(_POLL if deadline is None else min(_POLL, deadline - now))
 
 
+def _open_lock_file(name: str, locks: int) -> int:
+    """Open (create) a lock file; a symlink or other non-file there is removed, not followed."""
+    flags = os.O_RDWR | os.O_CREAT | safedir.NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    try:
+        return os.open(name, flags, 0o600, dir_fd=locks)
+    except OSError as error:
+        if error.errno not in safedir.NOT_A_DIRECTORY | {errno.EISDIR}:
+            raise
+    safedir.remove(name, locks)
+    return os.open(name, flags, 0o600, dir_fd=locks)
+
+
 @contextlib.contextmanager
 def key_lock(root: Root, key: str, timeout: float | None) -> Iterator[KeyLock]:
     """Hold ``key``'s lock in ``root`` against other threads and other processes.
@@ -367,8 +379,7 @@ def key_lock(root: Root, key: str, timeout: float | None) -> Iterator[KeyLock]:
         with storage(root.path, "creating the lock file"):
             locks = root.subdir("locks")
             try:
-                fd = os.open(key + ".lock", os.O_RDWR | os.O_CREAT | safedir.NOFOLLOW
-                             | getattr(os, "O_CLOEXEC", 0), 0o600, dir_fd=locks)
+                fd = _open_lock_file(key + ".lock", locks)
             finally:
                 os.close(locks)
         try:

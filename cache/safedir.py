@@ -157,6 +157,16 @@ def tree_size(name: str, dir_fd: int) -> int:
     return total
 
 
+def current_path(fd: int, fallback: str) -> str:
+    """Where the directory held by ``fd`` is now, as the kernel knows it (no symlinks on
+    the way, whatever was re-pointed since it was opened); ``fallback`` without /proc."""
+    try:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return fallback
+    return path if path.startswith("/") and not path.endswith(" (deleted)") else fallback
+
+
 def fd_path(fd: int, name: str | None = None) -> str | None:
     """``/proc/self/fd/<fd>[/name]``: a path that reaches the held directory itself, not
     whatever its name points to now; ``None`` where /proc is not mounted (not Linux)."""

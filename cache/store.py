@@ -383,7 +383,9 @@ def _build_entry(root: Root, key: str, build: Callable[[Path], Any], binary: str
 def _fill_and_publish(root: Root, key: str, build: Callable[[Path], Any], binary: str,
                       tmp_fd: int, name: str, build_fd: int, lock: disk.KeyLock) -> VerifiedBinary:
     try:
-        extra = build(Path(root.path, "tmp", name))
+        # The directory's real path now: a name re-pointed since the root was checked
+        # (a swapped symlink or parent) is not on it.
+        extra = build(Path(safedir.current_path(build_fd, os.path.join(root.path, "tmp", name))))
     except Exception as error:
         lock.record_failure(error)  # for the processes waiting on this key
         raise
