@@ -10,6 +10,7 @@ instead of killing the suite. No broken library may reach the cache.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -240,7 +241,10 @@ def test_ctrl_c_during_compile_kills_the_compiler_and_its_children(tmp_path: Pat
         proc.kill()
     assert proc.returncode == 5 and "INTERRUPTED" in out, err[-2000:]
     time.sleep(0.2)
-    assert not any(alive(pid) for pid in started(pids))
+    survivors = [pid for pid in started(pids) if alive(pid)]
+    for pid in survivors:  # do not leave them running when the test fails
+        os.kill(pid, signal.SIGKILL)
+    assert not survivors
     assert entries(tmp_path / "cache") == []
 
 
@@ -268,7 +272,14 @@ def test_processes_waiting_for_a_hung_build_fail_after_the_compile_timeout(tmp_p
     start = time.monotonic()
     procs = [subprocess.Popen([sys.executable, "-c", _WAITER, c], cwd=REPO, env=env, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(3)]
-    outs = [p.communicate(timeout=120)[0] for p in procs]
+    try:
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+        for pid in started(pids):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
     assert time.monotonic() - start < 60
     kinds = sorted(out.split()[0] for out in outs if out.strip())
     assert kinds == ["CacheError", "CacheError", "CompileTimeout"], outs
