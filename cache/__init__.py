@@ -22,7 +22,8 @@ it is reached through a symlink.
 
 Modules: :mod:`lazytensor.cache.entry` (what an entry is and how it is verified),
 :mod:`lazytensor.cache.safedir` (directories held open, no symlinks followed),
-:mod:`lazytensor.cache.disk` (the layout and the per-key lock),
+:mod:`lazytensor.cache.disk` (the layout), :mod:`lazytensor.cache.locking` (the per-key lock),
+:mod:`lazytensor.cache.publish` (reading and building one entry),
 :mod:`lazytensor.cache.loading` (:class:`VerifiedBinary`, loading what was verified),
 :mod:`lazytensor.cache.location` (choosing a private root, falling back),
 :mod:`lazytensor.cache.store` (:class:`KernelCache`, :func:`default_cache`).

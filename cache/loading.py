@@ -105,9 +105,7 @@ def _exists(name: str, dir_fd: int) -> bool:
 def _write_private(dir_fd: int, name: str, data: bytes) -> None:
     fd = os.open(name, safedir.CREATE_FLAGS, 0o500, dir_fd=dir_fd)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        _write_all(fd, data)
     except BaseException:
         os.close(fd)
         with contextlib.suppress(OSError):

@@ -28,16 +28,14 @@ b'binary'
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import secrets
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import disk, entry, loading, location, safedir
+from . import disk, entry, loading, location, locking, publish, safedir
 from .disk import Root
 from .errors import CacheError
 from .loading import VerifiedBinary
@@ -48,15 +46,6 @@ _INSTANCE = object()  # "the instance's lock_timeout"
 # Process-wide; replaced in a forked child (see _reset_in_child).
 _state_lock = threading.Lock()  # resolution and fallback of every instance's root
 _default: tuple[str | None, KernelCache] | None = None
-
-
-def _summarize(extra: dict[str, Any], width: int = 80) -> dict[str, Any]:
-    """``extra`` with every value whose JSON is longer than ``width`` cut to a string."""
-    summary = {}
-    for name, value in extra.items():
-        text = json.dumps(value)
-        summary[name] = value if len(text) <= width else text[: width - 3] + "..."
-    return summary
 
 
 class KernelCache:
@@ -160,7 +149,7 @@ class KernelCache:
         """
         key = entry.check_key(key)
         binary = entry.check_file_name(binary)
-        return _read_in(self._active_root(), key, binary)
+        return publish.read_entry(self._active_root(), key, binary)
 
     def read_meta(self, key: str) -> dict[str, Any] | None:
         """The checked ``meta.json`` of ``key``'s entry, or ``None``. Files are not re-hashed.
@@ -171,7 +160,7 @@ class KernelCache:
         """
         key = entry.check_key(key)
         try:
-            with _entry_fd(self._active_root(), key) as entry_fd:
+            with publish.entry_fd(self._active_root(), key) as entry_fd:
                 return entry.read_meta_file(entry_fd, key)
         except OSError:
             return None
@@ -242,13 +231,13 @@ class KernelCache:
         self, root: Root, key: str, build: Callable[[Path], Any], binary: str,
         lock_timeout: float | None,
     ) -> VerifiedBinary:
-        found = _read_in(root, key, binary)
+        found = publish.read_entry(root, key, binary)
         if found is not None:
             return found
         since = time.time()
-        with disk.key_lock(root, key, lock_timeout) as lock:
+        with locking.key_lock(root, key, lock_timeout) as lock:
             # Whoever held the lock before us has probably just built it.
-            found = _read_in(root, key, binary)
+            found = publish.read_entry(root, key, binary)
             if found is not None:
                 return found
             failure = lock.failure_since(since)
@@ -258,7 +247,7 @@ class KernelCache:
                     f"while this one waited, and {failure}"
                 )
             disk.discard_leftovers(root, key)
-            return _build_entry(root, key, build, binary, lock)
+            return publish.build_entry(root, key, build, binary, lock)
 
     # ----------------------------------------------------------------- admin
     def info(self) -> dict[str, Any]:
@@ -272,7 +261,7 @@ class KernelCache:
         entries = []
         for key, prefix_fd in disk.iter_keys(root):
             with contextlib.suppress(OSError):
-                entries.append(_summary(root, key, prefix_fd))
+                entries.append(publish.entry_summary(root, key, prefix_fd))
         return {
             "root": root.path,
             "fallback": self._fallback,
@@ -296,7 +285,7 @@ class KernelCache:
         removed = 0
         try:
             for key in sorted(keys):
-                with disk.key_lock(root, key, self.lock_timeout):
+                with locking.key_lock(root, key, self.lock_timeout):
                     with disk.storage(root.path, "removing an entry"):
                         with contextlib.suppress(FileNotFoundError, safedir.UnsafeDirectory):
                             with disk.prefix_dir(root, key, create=False) as prefix_fd:
@@ -317,96 +306,6 @@ def _fallback_handle(requested: Path, reason: str) -> Root:
         return Root(str(fallback), checked=False)
     except OSError as error:
         raise CacheError(f"kernel cache fallback {fallback} cannot be opened: {error}") from error
-
-
-@contextlib.contextmanager
-def _entry_fd(root: Root, key: str):
-    """The open entry directory of ``key``; OSError when missing, a symlink or unsafe."""
-    with safedir.opened_dir(key[:2], root.fd) as prefix_fd:
-        with safedir.opened_dir(key, prefix_fd) as entry_fd:
-            yield entry_fd
-
-
-def _read_in(root: Root, key: str, binary: str) -> VerifiedBinary | None:
-    try:
-        with _entry_fd(root, key) as entry_fd:
-            meta = entry.read_meta_file(entry_fd, key)
-            record = None if meta is None else meta["files"].get(binary)
-            data = None if record is None else entry.read_verified(entry_fd, binary, record)
-    except OSError:
-        return None
-    if data is None:
-        return None
-    return VerifiedBinary(key, binary, data, Path(disk.entry_dir(root, key), binary), root)
-
-
-def _summary(root: Root, key: str, prefix_fd: int) -> dict[str, Any]:
-    meta = binary = None
-    valid = False
-    with contextlib.suppress(OSError):  # a symlink or a file: listed, invalid
-        with safedir.opened_dir(key, prefix_fd) as entry_fd:
-            meta = entry.read_meta_file(entry_fd, key)
-            binary = None if meta is None else meta["binary"]
-            valid = meta is not None and entry.verify_file(entry_fd, binary, meta["files"][binary])
-    return {
-        "key": key,
-        "size": safedir.tree_size(key, prefix_fd),
-        "created": None if meta is None else meta["created"],
-        "binary": binary,
-        "valid": valid,
-        "extra": {} if meta is None else _summarize(meta["extra"]),
-    }
-
-
-def _build_entry(root: Root, key: str, build: Callable[[Path], Any], binary: str,
-                 lock: disk.KeyLock) -> VerifiedBinary:
-    with disk.storage(root.path, "creating a build directory"):
-        tmp_fd = root.subdir("tmp")
-    try:
-        with disk.storage(root.path, "creating a build directory"):
-            name = f"{key}.{secrets.token_hex(6)}"
-            os.mkdir(name, 0o700, dir_fd=tmp_fd)
-        try:
-            with disk.storage(root.path, "opening the build directory"):
-                build_fd = safedir.open_dir(name, tmp_fd)
-            try:
-                return _fill_and_publish(root, key, build, binary, tmp_fd, name, build_fd, lock)
-            finally:
-                os.close(build_fd)
-        finally:
-            # Also on KeyboardInterrupt; once the entry is in place there is nothing here.
-            safedir.remove(name, tmp_fd)
-    finally:
-        os.close(tmp_fd)
-
-
-def _fill_and_publish(root: Root, key: str, build: Callable[[Path], Any], binary: str,
-                      tmp_fd: int, name: str, build_fd: int, lock: disk.KeyLock) -> VerifiedBinary:
-    try:
-        # The directory's real path now: a name re-pointed since the root was checked
-        # (a swapped symlink or parent) is not on it.
-        extra = build(Path(safedir.current_path(build_fd, os.path.join(root.path, "tmp", name))))
-    except Exception as error:
-        lock.record_failure(error)  # for the processes waiting on this key
-        raise
-    lock.clear_failure()
-    with disk.storage(root.path, "reading the files build() wrote"):
-        files = entry.scan_build_dir(build_fd)
-    if binary not in files:
-        raise CacheError(f"build() wrote {sorted(files)} but not {binary!r}")
-    meta = entry.encode_meta(key, binary, files, extra)
-    with disk.storage(root.path, "writing meta.json"):
-        entry.write_meta(build_fd, meta)
-    # The bytes handed out are read (and hashed) before the entry becomes visible, so
-    # nothing done to the entry afterwards (a concurrent clear) can change them.
-    data = entry.read_verified(build_fd, binary, files[binary])
-    if data is None:
-        raise CacheError(f"kernel cache {root.path}: {binary} changed while it was stored")
-    with disk.storage(root.path, "moving the entry into place"):
-        with disk.prefix_dir(root, key, create=True) as prefix_fd:
-            disk.move_aside(root, key, prefix_fd)
-            os.replace(name, key, src_dir_fd=tmp_fd, dst_dir_fd=prefix_fd)
-    return VerifiedBinary(key, binary, data, Path(disk.entry_dir(root, key), binary), root)
 
 
 def default_cache() -> KernelCache:

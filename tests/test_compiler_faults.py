@@ -115,6 +115,17 @@ def alive(pid: int) -> bool:
         return f.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
+@pytest.fixture(autouse=True)
+def _no_fake_compiler_survives(tmp_path: Path):
+    """Whatever a test asserts, no process a fake compiler started outlives it."""
+    yield
+    for pids in tmp_path.glob("pids-*"):
+        for pid in started(pids):
+            with contextlib.suppress(ProcessLookupError, FileNotFoundError):
+                if alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+
+
 def unique() -> int:
     return 2 + int.from_bytes(os.urandom(4), "little") % 1_000_000
 
