@@ -14,8 +14,8 @@ file, or a directory not private to this user where a directory of the layout sh
 is moved aside and replaced, never followed.
 
 The per-key lock is in :mod:`lazytensor.cache.locking`. Names under ``tmp/`` and
-``trash/`` that start with a key are only ever created while holding that key's lock, so whoever holds the lock may delete any it finds: they were
-left by a process that died.
+``trash/`` that start with a key are only ever created while holding that key's lock,
+so whoever holds the lock may delete any it finds: they were left by a process that died.
 
 >>> import tempfile
 >>> root = Root(tempfile.mkdtemp(), follow=False)
