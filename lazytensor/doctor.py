@@ -24,7 +24,7 @@ import importlib.util
 import os
 import platform
 import re
-import shutil
+import shlex
 import subprocess
 import tempfile
 import time
@@ -93,24 +93,20 @@ def _first_line(text: str) -> str:
 
 
 def check_compiler():
-    """The C++ compiler the kernels use (``$CXX``, else g++/c++/clang++) and its version."""
+    """The C++ compiler the kernels use (``$CXX``, a command, else g++/c++/clang++) and its
+    version; ``(check, compiler or None)``."""
     from .codegen.compilers import CpuCompiler
 
     compiler = CpuCompiler()
-    asked = os.environ.get("CXX")
     if not compiler.available:
-        where = f"$CXX={asked!r} not found, and " if asked else ""
-        return Check("C++ compiler", "fail", f"{where}no g++, c++ or clang++ on PATH",
-                     INSTALL_CXX), None
+        fix = "fix or unset $CXX" if os.environ.get("CXX", "").strip() else INSTALL_CXX
+        return Check("C++ compiler", "fail", compiler.problem or "not found", fix), None
     try:
-        version = _first_line(_run([compiler.path, "--version"]).stdout) or "version unknown"
+        version = _first_line(_run([*compiler.argv, "--version"]).stdout) or "version unknown"
     except (OSError, subprocess.TimeoutExpired) as error:
         version = f"--version failed: {error}"
-    detail = f"{compiler.path} ({version})"
-    if asked and shutil.which(asked) is None:
-        return Check("C++ compiler", "warn", f"$CXX={asked!r} not found; using {detail}",
-                     "point $CXX to an installed compiler, or unset it"), compiler
-    return Check("C++ compiler", "ok", detail), compiler
+    source = " ($CXX)" if os.environ.get("CXX", "").strip() else ""
+    return Check("C++ compiler", "ok", f"{shlex.join(compiler.argv)}{source} ({version})"), compiler
 
 
 def check_openmp_simd(compiler) -> list:
