@@ -1,4 +1,4 @@
-"""Compilers: C++ source to a shared library (system g++), CUDA source to a cubin (nvcc).
+"""Compilers: C++ source to a shared library (system g++); nvcc is in :mod:`.cuda.nvcc`.
 
 Each compiler has an identity (path, version stamp, flags, target) that goes into the
 cache key, so a changed compiler or CPU never loads a stale binary.
@@ -118,41 +118,3 @@ class CpuCompiler:
 @functools.cache
 def cpu_compiler() -> CpuCompiler:
     return CpuCompiler()
-
-
-def nvcc_path() -> str | None:
-    for c in (os.environ.get("NVCC"), "nvcc", "/usr/local/cuda/bin/nvcc"):
-        if c and shutil.which(c):
-            return shutil.which(c)
-    return None
-
-
-CUDA_FLAGS = ("-O3", "-std=c++14", "--use_fast_math")
-
-
-@functools.cache
-def cuda_identity(arch: str) -> dict:
-    """What a cubin depends on besides its source: nvcc (path, stamp, version), flags, arch."""
-    nvcc = nvcc_path()
-    if nvcc is None:
-        raise CompilerNotFound("nvcc not found (set $NVCC or put the CUDA toolkit on PATH)")
-    proc = subprocess.run([nvcc, "--version"], capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, check=False)
-    return {"compiler": _file_stamp(nvcc), "version": proc.stdout.strip().splitlines()[-1:],
-            "flags": " ".join(CUDA_FLAGS), "arch": arch}
-
-
-def compile_cuda(source: str, workdir: Path, arch: str = "sm_90", name: str = "kernel",
-                 what: str = "", extra: tuple = ()) -> Path:
-    """Compile CUDA C++ to a cubin for ``arch`` with nvcc (no GPU needed)."""
-    nvcc = nvcc_path()
-    if nvcc is None:
-        raise CompilerNotFound("nvcc not found (set $NVCC or put the CUDA toolkit on PATH)")
-    src = workdir / f"{name}.cu"
-    out = workdir / f"{name}.cubin"
-    src.write_text(source)
-    cmd = [nvcc, "-cubin", f"-arch={arch}", *CUDA_FLAGS, *extra, str(src), "-o", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    if proc.returncode != 0 or not out.exists():
-        raise CompileError(cmd, proc.stderr or proc.stdout, what)
-    return out

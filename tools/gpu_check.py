@@ -45,7 +45,6 @@ import math
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -336,23 +335,19 @@ def run_million(torch, scale: float = 1.0) -> Row:
 
 
 def environment(torch) -> dict:
-    from lazytensor.codegen.compilers import nvcc_path
+    from lazytensor.codegen.cuda.nvcc import nvcc_path, nvcc_version
 
-    from lazytensor.cuda_driver import driver
+    from lazytensor.cuda import driver
 
     dev = torch.cuda.current_device()
-    drv = driver()
-    nvcc = nvcc_path()
-    version = ""
-    if nvcc:
-        proc = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=False)
-        version = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+    info = driver.device_info(dev)
+    version = nvcc_version() if nvcc_path() else ""
     return {
         "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(dev),
-        "compute_capability": "sm_{}{}".format(*drv.compute_capability(dev)),
-        "multiprocessors": drv.sm_count(dev),
-        "driver_cuda_version": drv.version(),
+        "compute_capability": info.arch,
+        "multiprocessors": info.sm_count,
+        "driver_cuda_version": driver.driver_version(),
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,
         "nvcc": version or "not found",

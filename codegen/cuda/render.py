@@ -21,9 +21,6 @@ by :func:`args_fields`): ``vars`` (device pointers, canonical contiguous layout 
 variable v along batch dim k, 0 where broadcast), ``bshape``, then N, M, B, nbd, nJC, JC.
 The global ``<name>_acc`` has the size of ``Acc`` (read with ``cuModuleGetGlobal``).
 
-The block-level phases (decode a block, load a row, copy a tile, push a tile, finish,
-merge a row) are ``LT_HD`` functions, so :func:`render_cuda_emulator` can run the same
-skeleton on the host, thread by thread, to test it without a GPU.
 
 >>> from lazytensor.codegen import ir, ops
 >>> from lazytensor.codegen.render_c import VarSpec
@@ -36,7 +33,7 @@ True
 
 from __future__ import annotations
 
-from .render_c import VarSpec, render_shared
+from ..render_c import VarSpec, render_shared
 
 MAX_BATCH_DIMS = 8  # batch dimensions a kernel takes, after merging compatible ones
 THREADS = 256  # threads per block (rows per block), the __launch_bounds__
@@ -66,8 +63,15 @@ def tile_rows(var_specs, dtype: str) -> int:
     return rows
 
 
+def kernel_layout(formula, var_specs, reduction: str, opts: dict, dtype: str) -> dict:
+    """How the runtime launches the kernel: at most ``threads`` per block, dynamic shared
+    memory ``smem_fixed + smem_per_thread * threads`` bytes, j in tiles of ``tile``."""
+    tj = tile_rows(sorted(var_specs, key=lambda v: v.index), dtype)
+    return {"threads": THREADS, "smem_fixed": 0, "smem_per_thread": 0, "tile": tj or 256}
+
+
 def _n_outputs(formula, reduction, opts) -> int:
-    from . import reductions
+    from .. import reductions
 
     return len(reductions.get(reduction).outputs(formula.dim, opts))
 
@@ -240,62 +244,12 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}_merge(const LtArg
             f"{shared}{skeleton}}}  // namespace {name}\n")
 
 
-def render_cuda_emulator(name: str = "lt") -> str:
-    """Host code running ``<name>``'s kernels block by block, thread by thread (tests only).
-
-    Appended to :func:`render_cuda_kernel`'s source and compiled with a C++ compiler, it
-    exports ``<name>_emulate_reduce(args, grid, threads)``,
-    ``<name>_emulate_merge(args, grid, threads)`` and ``<name>_acc_bytes()``: the same
-    phases as the CUDA kernels, with each ``__syncthreads`` a loop over all threads.
-    """
-    return f"""
-#ifndef __CUDACC__
-namespace {name} {{
-extern "C" int64_t {name}_acc_bytes() {{ return (int64_t)sizeof(Acc); }}
-
-extern "C" int {name}_emulate_reduce(const void* args, int64_t grid, int threads) {{
-  const LtArgs& a = *(const LtArgs*)args;
-  T* tile = (T*)malloc(sizeof(T) * TILE_LEN);
-  LtRow* rows = (LtRow*)malloc(sizeof(LtRow) * threads);
-  Acc* accs = (Acc*)malloc(sizeof(Acc) * threads);
-  for (int64_t bid = 0; bid < grid; ++bid) {{
-    const LtBlock k = lt_block(a, bid, threads);
-    for (int t = 0; t < threads; ++t) {{
-      if (k.i0 + t < a.N) lt_row_load(rows[t], k, k.i0 + t);
-      accs[t].init();
-    }}
-    for (int64_t j0 = k.jb; j0 < k.je; j0 += TJC) {{
-      const int nj = (int)((k.je - j0) < TJC ? (k.je - j0) : TJC);
-      if (STAGED) {{
-        for (int t = 0; t < threads; ++t) lt_tile_load(tile, k, j0, nj, t, threads);
-      }}
-      for (int t = 0; t < threads; ++t)
-        if (k.i0 + t < a.N) lt_tile_push(accs[t], rows[t], k, tile, j0, nj);
-    }}
-    for (int t = 0; t < threads; ++t)
-      if (k.i0 + t < a.N) lt_finish(a, k, k.i0 + t, accs[t]);
-  }}
-  free(tile); free(rows); free(accs);
-  return 0;
-}}
-
-extern "C" int {name}_emulate_merge(const void* args, int64_t grid, int threads) {{
-  const LtArgs& a = *(const LtArgs*)args;
-  for (int64_t r = 0; r < grid * threads; ++r)
-    if (r < a.B * a.N) lt_merge_row(a, r);
-  return 0;
-}}
-}}  // namespace {name}
-#endif
-"""
-
-
 __all__ = [
     "MAX_BATCH_DIMS",
     "THREADS",
     "VarSpec",
     "args_fields",
-    "render_cuda_emulator",
+    "kernel_layout",
     "render_cuda_kernel",
     "tile_rows",
 ]
