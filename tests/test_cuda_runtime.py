@@ -282,3 +282,55 @@ def test_a_refused_cubin_gives_nvcc_and_driver_versions(gpu, monkeypatch, rng):
                        match=r"refused .*UNSUPPORTED_PTX|refused .*toolchain.*nvcc \(Cuda "
                              r"compilation tools, release \d+\.\d.*driver supports CUDA 13\.0"):
         (Vi(x) * Vj(x)).sum(-1).logsumexp(dim=1)
+
+
+# ---------------------------------------------------------------- kernel schemes
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("N, M", [(600, 700), (5, 9000)], ids=["1d", "split"])
+def test_wide_sum_k_at_v(gpu, N, M, dtype):
+    """K @ V with 40 columns: several threads per row, each a slice of the outputs."""
+    g = torch.Generator().manual_seed(N * M)
+    x, y = torch.rand(N, 3, generator=g, dtype=dtype), torch.rand(M, 3, generator=g, dtype=dtype)
+    v = torch.randn(M, 40, generator=g, dtype=dtype)
+
+    def run(x, y, v, backend):
+        return ((-Vi(x).sqdist(Vj(y)) * 3).exp() * Vj(v)).sum(dim=1, backend=backend)
+
+    _compare(gpu, run(gpu.to(x), gpu.to(y), gpu.to(v), "auto"), run(x, y, v, "cpu"), dtype)
+
+
+def test_attention_and_high_dimensional_gradients(gpu):
+    g = torch.Generator().manual_seed(5)
+    q, k = torch.randn(200, 64, generator=g) / 8, torch.randn(300, 64, generator=g) / 8
+    v = torch.randn(300, 24, generator=g)
+
+    def attention(q, k, v, backend):
+        return (Vi(q) | Vj(k)).sumsoftmaxweight(Vj(v), dim=1, backend=backend)
+
+    _compare(gpu, attention(gpu.to(q), gpu.to(k), gpu.to(v), "auto"),
+             attention(q, k, v, "cpu"), torch.float32)
+
+    def grads(to, backend):
+        x, y = to(q).requires_grad_(), to(k).requires_grad_()
+        a = (-Vi(x).sqdist(Vj(y))).exp().sum(dim=1, backend=backend)
+        return torch.autograd.grad((a ** 2).sum(), [x, y])
+
+    for got, want in zip(grads(gpu.to, "auto"), grads(lambda t: t.clone(), "cpu")):
+        _compare(gpu, got, want, torch.float32)
+
+
+def test_float32_logsumexp_to_cpu_accuracy(gpu):
+    """Per-tile partials: float32 log-sum-exp over many terms as accurate as the CPU's."""
+    n = 200_000 if gpu.emulated else 2_000_000
+    g = torch.Generator().manual_seed(11)
+    x, y = torch.rand(4, 1, generator=g), torch.rand(n, 1, generator=g)
+
+    def lse(x, y, backend):
+        return (-Vi(x).sqdist(Vj(y))).logsumexp(dim=1, backend=backend)
+
+    exact = lse(x.double(), y.double(), "cpu")
+    err_gpu = (lse(gpu.to(x), gpu.to(y), "auto").cpu().double() - exact).abs().max().item()
+    err_cpu = (lse(x, y, "cpu").double() - exact).abs().max().item()
+    assert err_gpu <= max(4 * err_cpu, 2e-6), (err_gpu, err_cpu)

@@ -40,7 +40,7 @@ class LaunchPlan:
 
 
 def plan_launch(N: int, M: int, B: int, sm_count: int, threads: int, tile: int,
-                acc_bytes: int) -> LaunchPlan:
+                acc_bytes: int, group: int = 1, merge_per_row: int = 1) -> LaunchPlan:
     """Choose the scheme: split j only when the row blocks cannot fill the device.
 
     >>> plan_launch(10**6, 10**6, 1, 132, 256, 256, 16).nJC
@@ -48,7 +48,8 @@ def plan_launch(N: int, M: int, B: int, sm_count: int, threads: int, tile: int,
     >>> p = plan_launch(100, 10**6, 1, 132, 256, 256, 16); (p.nJC > 100, p.JC % 256)
     (True, 0)
     """
-    n_ib = -(-N // threads)
+    rows = max(1, threads // group)  # rows per block: ``group`` threads share a row
+    n_ib = -(-N // rows)
     blocks = B * n_ib
     target = _BLOCKS_PER_SM * sm_count
     nJC, JC = 1, max(M, 1)
@@ -64,7 +65,7 @@ def plan_launch(N: int, M: int, B: int, sm_count: int, threads: int, tile: int,
     grid = blocks * nJC
     if grid > _MAX_GRID:
         raise ValueError(f"too many rows for one CUDA launch ({B} x {N})")
-    merge_grid = -(-B * N // threads) if nJC > 1 else 0
+    merge_grid = -(-B * N * merge_per_row // threads) if nJC > 1 else 0
     part_bytes = B * N * nJC * acc_bytes if nJC > 1 else 0
     return LaunchPlan(threads, nJC, JC, grid, merge_grid, part_bytes)
 
@@ -150,7 +151,9 @@ def _plan_and_layout(kernel, shapes, cats, batch, N, M):
     B = 1
     for s in bshape:
         B *= s
-    plan = plan_launch(N, M, B, kernel.sm_count, kernel.threads, kernel.tile, kernel.acc_bytes)
+    plan = plan_launch(N, M, B, kernel.sm_count, kernel.threads, kernel.tile, kernel.acc_bytes,
+                       int(kernel.layout.get("group", 1)),
+                       int(kernel.layout.get("merge_per_row", 1)))
     return bshape, vbs, plan
 
 
