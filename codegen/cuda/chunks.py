@@ -69,7 +69,6 @@ def _elementwise_body(node: ir.Node, dim: int):
 def plan_chunks(formula: ir.Node, n_vars: int) -> ChunkPlan | None:
     """The chunked form of ``formula``, or None when it has nothing to chunk or keeps wide
     values outside vector sums (then the kernel evaluates it directly)."""
-    ops._ensure_loaded()
     next_index = max([v.index + 1 for v in ir.variables(formula)] + [n_vars])
     sums, mapping = [], {}
     for node in ir.topo_order(formula):
