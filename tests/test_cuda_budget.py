@@ -50,6 +50,13 @@ def lse(D, weight=0):
         "float32"
 
 
+def attention(D, E):
+    x, y, specs = _xy(D)
+    v = ir.var(2, E, "j")
+    return (A("concat", A("sum", A("mul", x, y)), v), specs + [VarSpec(2, E, "j")],
+            "sumsoftmaxweight", {}, "float32")
+
+
 CASES = {
     "gaussian_d3": gaussian(3),
     "gaussian_d3_e2": gaussian(3, 2),
@@ -59,6 +66,7 @@ CASES = {
     "gaussian_d784": gaussian(784),
     "gaussian_d3_f64": gaussian(3, dtype="float64"),
     "k_at_v_e64": gaussian(3, 64),
+    "attention_d64_e64": attention(64, 64),
     "argkmin_k10_d3": sqdist(3, "argkmin", {"K": 10}),
     "argkmin_k10_d784": sqdist(784, "argkmin", {"K": 10}),
     "min_argmin_d3": sqdist(3, "min_argmin", {}),

@@ -301,16 +301,27 @@ def test_wide_sum_k_at_v(gpu, N, M, dtype):
     _compare(gpu, run(gpu.to(x), gpu.to(y), gpu.to(v), "auto"), run(x, y, v, "cpu"), dtype)
 
 
-def test_attention_and_high_dimensional_gradients(gpu):
-    g = torch.Generator().manual_seed(5)
-    q, k = torch.randn(200, 64, generator=g) / 8, torch.randn(300, 64, generator=g) / 8
-    v = torch.randn(300, 24, generator=g)
+@pytest.mark.parametrize("N, M", [(200, 300), (5, 9000)], ids=["1d", "split"])
+def test_attention_and_weighted_logsumexp_with_wide_values(gpu, N, M):
+    g = torch.Generator().manual_seed(N)
+    q, k = torch.randn(N, 64, generator=g) / 8, torch.randn(M, 64, generator=g) / 8
+    v = torch.randn(M, 40, generator=g)
 
     def attention(q, k, v, backend):
         return (Vi(q) | Vj(k)).sumsoftmaxweight(Vj(v), dim=1, backend=backend)
 
-    _compare(gpu, attention(gpu.to(q), gpu.to(k), gpu.to(v), "auto"),
-             attention(q, k, v, "cpu"), torch.float32)
+    def weighted_lse(q, k, v, backend):
+        return (-Vi(q).sqdist(Vj(k))).logsumexp(dim=1, weight=Vj(v.abs() + 0.1),
+                                                backend=backend)
+
+    for fn in (attention, weighted_lse):
+        _compare(gpu, fn(gpu.to(q), gpu.to(k), gpu.to(v), "auto"), fn(q, k, v, "cpu"),
+                 torch.float32)
+
+
+def test_gradients_in_dimension_64(gpu):
+    g = torch.Generator().manual_seed(5)
+    q, k = torch.randn(200, 64, generator=g) / 8, torch.randn(300, 64, generator=g) / 8
 
     def grads(to, backend):
         x, y = to(q).requires_grad_(), to(k).requires_grad_()

@@ -56,7 +56,7 @@ from .skeleton import (
     merge_code,
     tile_rows,
 )
-from .wide import wide_group, wide_kernel
+from .wide import wide_group, wide_kernel, wide_softmax_kernel
 
 
 def _chunk_plan(formula, var_specs) -> ChunkPlan | None:
@@ -65,10 +65,13 @@ def _chunk_plan(formula, var_specs) -> ChunkPlan | None:
 
 
 def _wide_plan(formula, reduction: str, opts: dict):
-    """The weighted-sum form of a wide Sum (``K @ V``), or None."""
-    if reduction != "sum" or opts.get("sum_scheme") == "kahan_scheme":
+    """The weighted-sum form of a wide Sum (``K @ V``) or softmax-weighted sum, or None."""
+    if reduction not in _WIDE_REDUCTIONS or opts.get("sum_scheme") == "kahan_scheme":
         return None
     return wide_sum(formula, reduction)
+
+
+_WIDE_REDUCTIONS = ("sum", "sumsoftmaxweight", "logsumexp_weight")
 
 
 def kernel_layout(formula, var_specs, reduction: str, opts: dict, dtype: str) -> dict:
@@ -85,7 +88,8 @@ def kernel_layout(formula, var_specs, reduction: str, opts: dict, dtype: str) ->
     tj = tile_rows(specs, dtype)
     fixed = tj * sum(v.dim for v in specs if v.cat == "j") * element_size(dtype) if tj else 0
     if _wide_plan(formula, reduction, opts) is not None:
-        return {**layout, "group": wide_group(formula.dim), "merge_per_row": formula.dim,
+        W = formula.dim - (reduction != "sum")  # the slices cover the weight alone
+        return {**layout, "group": wide_group(W), "merge_per_row": W,
                 "smem_fixed": fixed, "tile": tj or 256, "scheme": "wide"}
     return {**layout, "smem_fixed": fixed, "tile": tj or 256, "scheme": "direct"}
 
@@ -115,7 +119,8 @@ def render_cuda_kernel(formula, var_specs, reduction: str, opts: dict, dtype: st
     if plan is not None:
         body = chunked_kernel(plan, formula, specs, reduction, opts, dtype, name) + merge_code(name)
     elif lin is not None:
-        body = wide_kernel(lin, formula, specs, opts, dtype, name)
+        body = (wide_kernel(lin, formula, specs, opts, dtype, name) if reduction == "sum" else
+                wide_softmax_kernel(lin, formula, specs, reduction, dtype, name))
     else:
         body = direct_kernel(formula, specs, reduction, opts, dtype, name) + merge_code(name)
     return (f"{HEADER}// kernel {name}: {reduction}, {dtype}\nnamespace {name} {{\n"
