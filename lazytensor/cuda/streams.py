@@ -68,7 +68,6 @@ class _Device:
         self.in_flight: collections.deque = collections.deque()
         self.lock = threading.Lock()
 
-
     @property
     def external(self):
         """Our stream as a ``torch.cuda.ExternalStream`` (made on first use: NumPy calls
