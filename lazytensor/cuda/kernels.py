@@ -153,7 +153,7 @@ def get_cuda_kernel(spec: KernelSpec, index: int) -> CudaKernel:
 def cubin(spec: KernelSpec, arch: str) -> tuple[bytes, dict]:
     """(cubin bytes, launch layout) of ``spec`` for ``arch``, through the kernel cache."""
     from ..cache import default_cache
-    from ..codegen.compilers import CompilerNotFound
+    from ..codegen.compilers import CompilerNotFound, build_lock_timeout
     from ..codegen.cuda import nvcc
     from ..codegen.cuda.render import kernel_layout
 
@@ -166,8 +166,8 @@ def cubin(spec: KernelSpec, arch: str) -> tuple[bytes, dict]:
     cache = default_cache()
     layout = kernel_layout(spec.formula, list(spec.var_specs), spec.reduction, spec.opts_dict,
                            spec.dtype)
-    path = cache.lookup(key, "kernel.cubin")
-    if path is None:
+    binary = cache.read(key, "kernel.cubin")
+    if binary is None:
         def build(tmpdir):
             from ..codegen.cuda.render import render_cuda_kernel
 
@@ -181,10 +181,11 @@ def cubin(spec: KernelSpec, arch: str) -> tuple[bytes, dict]:
             return {"reduction": spec.reduction, "dtype": spec.dtype, "arch": arch,
                     "formula": ir.to_text(spec.formula)[:500], "layout": layout}
 
-        path = cache.get_or_build(key, build, "kernel.cubin")
+        binary = cache.read_or_build(key, build, "kernel.cubin",
+                                     lock_timeout=build_lock_timeout())
     elif _debug():
-        print(f"[lazytensor] loaded CUDA kernel {key} from {path}", file=sys.stderr)
-    return path.read_bytes(), layout
+        print(f"[lazytensor] loaded CUDA kernel {key} from {binary.path}", file=sys.stderr)
+    return binary.data, layout  # exactly the bytes the cache verified
 
 
 __all__ = ["CudaKernel", "CudaKernelError", "cubin", "describe", "get_cuda_kernel",

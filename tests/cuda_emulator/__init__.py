@@ -23,6 +23,7 @@ import ctypes
 import hashlib
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -54,8 +55,9 @@ def cuda_include() -> Path | None:
     return next((c for c in candidates if (c / "cuda.h").exists()), None)
 
 
-def cxx() -> str:
-    return os.environ.get("CXX") or shutil.which("g++") or "c++"
+def cxx() -> list[str]:
+    """The C++ compiler's command (``$CXX`` may carry arguments, as ``ccache g++``)."""
+    return shlex.split(os.environ.get("CXX") or "") or [shutil.which("g++") or "c++"]
 
 
 def _run(cmd: list, what: str) -> None:
@@ -83,7 +85,7 @@ def _publish(tmp: Path, final: Path) -> None:
 def driver_symbols(include: Path) -> list[str]:
     """Every driver function a client compiled against ``cuda.h`` may reference."""
     probe = "#include <cuda.h>\n#include <cudaProfiler.h>\n"
-    proc = subprocess.run([cxx(), "-E", "-x", "c", "-", f"-I{include}"], input=probe,
+    proc = subprocess.run([*cxx(), "-E", "-x", "c", "-", f"-I{include}"], input=probe,
                           capture_output=True, text=True, check=True)
     return sorted(set(re.findall(r"\bCUresult\s+(cu\w+)\s*\(", proc.stdout)))
 
@@ -95,7 +97,7 @@ def build_driver(out: Path | None = None) -> Path:
         raise RuntimeError("the fake CUDA driver is built against the toolkit's cuda.h: "
                            "nvcc not found")
     sources = [HERE / n for n in ("driver.cpp", "runtime.cpp", "runtime.h")]
-    key = _digest(*(p.read_bytes() for p in sources), (include / "cuda.h").read_bytes(), cxx())
+    key = _digest(*(p.read_bytes() for p in sources), (include / "cuda.h").read_bytes(), " ".join(cxx()))
     final = (out or CACHE) / f"driver-{key}"
     lib = final / "libcuda.so.1"
     if lib.exists():
@@ -105,7 +107,7 @@ def build_driver(out: Path | None = None) -> Path:
     objs = []
     for name in ("driver.cpp", "runtime.cpp"):
         obj = tmp / (name + ".o")
-        _run([cxx(), "-O2", "-g", "-std=c++17", "-fPIC", "-c", str(HERE / name),
+        _run([*cxx(), "-O2", "-g", "-std=c++17", "-fPIC", "-c", str(HERE / name),
               f"-I{include}", f"-I{HERE}", "-o", str(obj)], name)
         objs.append(obj)
     defined = set()
@@ -117,9 +119,9 @@ def build_driver(out: Path | None = None) -> Path:
     (tmp / "stubs.c").write_text(
         "/* generated: driver functions the fake does not implement */\n"
         + "".join(f"int {n}(void) {{ return 801; }}\n" for n in stubs))
-    _run([cxx(), "-x", "c", "-O1", "-fPIC", "-c", str(tmp / "stubs.c"), "-o",
+    _run([*cxx(), "-x", "c", "-O1", "-fPIC", "-c", str(tmp / "stubs.c"), "-o",
           str(tmp / "stubs.o")], "driver stubs")
-    _run([cxx(), "-shared", "-o", str(tmp / "libcuda.so.1"), *map(str, objs),
+    _run([*cxx(), "-shared", "-o", str(tmp / "libcuda.so.1"), *map(str, objs),
           str(tmp / "stubs.o"), "-Wl,-soname,libcuda.so.1", "-ldl"], "libcuda.so.1")
     os.symlink("libcuda.so.1", tmp / "libcuda.so")
     _publish(tmp, final)
@@ -146,11 +148,11 @@ def build_kernel(source: str, out: Path, driver: Path) -> Path:
         (tmp / "kernel.cu").write_text(source)
         (tmp / "module.cpp").write_text(wrapper_source("kernel.cu", source))
         obj = tmp / "module.o"
-        _run([cxx(), "-O2", "-std=c++17", "-fPIC", "-w", *TSAN_FLAGS, "-include",
+        _run([*cxx(), "-O2", "-std=c++17", "-fPIC", "-w", *TSAN_FLAGS, "-include",
               str(HERE / "shim.h"), f"-I{HERE}", f"-I{tmp}", "-c", str(tmp / "module.cpp"),
               "-o", str(obj)], "an emulated kernel")
         part = out.with_suffix(f".{os.getpid()}.tmp")
-        _run([cxx(), "-shared", "-o", str(part), str(obj), f"-L{driver.parent}",
+        _run([*cxx(), "-shared", "-o", str(part), str(obj), f"-L{driver.parent}",
               "-l:libcuda.so.1", f"-Wl,-rpath,{driver.parent}"], "an emulated kernel")
         missing = _undefined(part, "__tsan_") - _defined(driver)
         if missing:
