@@ -97,7 +97,8 @@ def build_driver(out: Path | None = None) -> Path:
         raise RuntimeError("the fake CUDA driver is built against the toolkit's cuda.h: "
                            "nvcc not found")
     sources = [HERE / n for n in ("driver.cpp", "runtime.cpp", "runtime.h")]
-    key = _digest(*(p.read_bytes() for p in sources), (include / "cuda.h").read_bytes(), " ".join(cxx()))
+    key = _digest(*(p.read_bytes() for p in sources), (include / "cuda.h").read_bytes(),
+                  " ".join(cxx()))
     final = (out or CACHE) / f"driver-{key}"
     lib = final / "libcuda.so.1"
     if lib.exists():
