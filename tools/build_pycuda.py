@@ -7,7 +7,8 @@ the process loads whichever ``libcuda.so.1`` it finds first -- the real driver o
 machine, the fake one in the tests. The wheel is cached under ``build/wheels``.
 
     python -m tools.build_pycuda                 # build if needed, install into this python
-    python -m tools.build_pycuda --python ~/.pyenv/versions/3.12.1/bin/python --no-install
+    python -m tools.build_pycuda --python ~/.pyenv/versions/3.12.1/bin/python --no-install \
+        --out build/gpu-wheels
         # a cp312 wheel and its dependencies' wheels, to carry to a GPU machine offline
 
 Without nvcc (no toolkit headers to build against) it prints why and does nothing.

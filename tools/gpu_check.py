@@ -23,12 +23,13 @@ lazytensor's dependencies, nvcc (CUDA toolkit no newer than the driver), g++, a 
 build of torch, and pycuda. pycuda is a source archive on the package index: build its
 wheel where the registry is reachable, for the GPU machine's Python, and carry it:
 
-    python -m tools.build_pycuda --python ~/.pyenv/versions/3.12.1/bin/python --no-install
-    # -> build/wheels/pycuda-2026.1-cp312-*.whl and its dependencies' wheels
+    python -m tools.build_pycuda --python ~/.pyenv/versions/3.12.1/bin/python --no-install \
+        --out build/gpu-wheels
+    # -> pycuda-2026.1-cp312-*.whl and its dependencies' wheels (about 6 MB)
 
-then there, from the repository root (no registry needed)::
+then there, from the repository root (no registry needed; carry build/gpu-wheels)::
 
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site build/wheels/*.whl
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site build/gpu-wheels/*.whl
     PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 python3 -m tools.gpu_check --out gpu_check.json
 
 (The wheel links to ``libcuda.so.1`` by name: the real driver there, the fake one in CI.)
