@@ -241,7 +241,7 @@ def check_cache() -> Check:
 
 
 def check_nvcc() -> Check:
-    from .codegen.compilers import nvcc_path
+    from .codegen.cuda.nvcc import nvcc_path
 
     nvcc = nvcc_path()
     if nvcc is None:
@@ -259,8 +259,8 @@ def check_nvcc() -> Check:
 def check_pycuda() -> Check:
     # Found, not imported: importing pycuda.driver loads libcuda.
     if importlib.util.find_spec("pycuda") is None:
-        return Check("pycuda", "off", "not installed (optional, for the CUDA backend)",
-                     "pip install pycuda (it builds against the CUDA toolkit)")
+        return Check("pycuda", "off", "not installed (needed for CUDA tensors only)",
+                     "pip install pycuda (the `cuda` extra; it builds against the CUDA toolkit)")
     try:
         version = importlib.metadata.version("pycuda")
     except importlib.metadata.PackageNotFoundError:
@@ -327,7 +327,7 @@ def summary(checks: list) -> str:
     failed = [c.name for c in checks if c.status == "fail"]
     cpu = "CPU backend: ready" if not failed else \
         f"CPU backend: NOT ready ({', '.join(failed)}): reductions fall back to NumPy"
-    missing = [n for n in ("nvcc", "NVIDIA driver", "GPU") if by_name[n].status != "ok"]
+    missing = [n for n in ("nvcc", "pycuda", "NVIDIA driver", "GPU") if by_name[n].status != "ok"]
     cuda = "CUDA backend: ready" if not missing else \
         f"CUDA backend: unavailable (missing: {', '.join(missing)})"
     return f"{cpu}\n{cuda}"

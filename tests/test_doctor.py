@@ -130,7 +130,7 @@ def test_cxx_as_a_command_is_reported_as_given(monkeypatch):
 
 
 def test_cuda_parts_match_what_is_installed(monkeypatch):
-    from lazytensor.codegen.compilers import nvcc_path
+    from lazytensor.codegen.cuda.nvcc import nvcc_path
 
     checks = _by_name(doctor.run_checks(kernel=False))
     nvcc = nvcc_path()
@@ -146,7 +146,7 @@ def test_cuda_parts_match_what_is_installed(monkeypatch):
         assert gpu.fix
     summary = doctor.summary(list(checks.values()))
     assert ("CUDA backend: ready" in summary) == all(
-        checks[n].status == "ok" for n in ("nvcc", "NVIDIA driver", "GPU"))
+        checks[n].status == "ok" for n in ("nvcc", "pycuda", "NVIDIA driver", "GPU"))
 
 
 @needs_cxx
