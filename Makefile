@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench gpu-check lint clean
+.PHONY: demo test test-distributed bench gpu-check lint clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,11 @@ demo: $(STAMP)
 	$(PY) -m examples.demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider -m "not distributed" tests
+
+# several processes: gloo ranks on loopback, a Dask LocalCluster (about a minute)
+test-distributed: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m distributed tests
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.bench

@@ -18,6 +18,7 @@ import numpy as np
 from . import engine
 from .binding import Variable, array_dtype, is_torch
 from .codegen import ir, ops
+from .distributed import context as distributed_context
 from .genred import IGNORED_OPTIONS, keops_backend, reduction_options
 
 
@@ -568,13 +569,22 @@ class LazyTensor:
         return dim is not None and not isinstance(dim, bool) and dim in (-1, self.nbatchdims + 2)
 
     def _reduce(self, reduction, dim, axis=None, backend="auto", opts=None, call=True, out=None,
-                grad_mode=None, ranges=None, **unknown):
+                grad_mode=None, ranges=None, group=None, **unknown):
         if unknown:
             raise TypeError(f"{reduction}() got an unexpected keyword argument {next(iter(unknown))!r}")
         axis_ = self._axis(dim, axis, reduction)
         opts = dict(opts or {})
         ranges = self.ranges if ranges is None else ranges
-        if ranges is None:
+        sharding = distributed_context.active(group)
+        if sharding is not None:  # over the ranks of a process group (lazytensor.distributed)
+            if ranges is not None:
+                raise NotImplementedError(f"{reduction}: block-sparse ranges in a distributed "
+                                          "reduction are not supported")
+            from .distributed import api as distributed_api
+
+            def run_reduction(*args):
+                return distributed_api.reduce(*args, sharding=sharding)
+        elif ranges is None:
             run_reduction = engine.reduce
         else:
             from . import ranges as ranges_mod
