@@ -618,7 +618,9 @@ class LazyTensor:
         Options as pykeops: ``sum_scheme`` ("block_sum" default, "direct_sum",
         "kahan_scheme"), ``dtype_acc`` / ``use_double_acc``, ``backend`` ("CPU", "GPU" ...
         too); ``enable_chunks``, ``use_fast_math``, ``device_id`` are accepted without effect;
-        ``grad_mode`` for torch gradients.
+        ``grad_mode`` for torch gradients; ``group`` (a ``torch.distributed`` process group,
+        or a :class:`lazytensor.distributed.Sharding`) runs it over the group's ranks, each
+        holding its own rows (:mod:`lazytensor.distributed`; every reduction takes it).
         An empty reduction (no j, or no i for dim=0) gives 0; NaN terms give NaN, +inf and
         -inf terms together give NaN, as in NumPy.
         """

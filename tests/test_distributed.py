@@ -84,12 +84,14 @@ def assert_all_ok(reports, world):
         assert rep["exitcode"] == 0 and rep["checks"], f"rank {r} of {world}: {rep}"
 
 
-def shard_sizes(rng, n, world, allow_empty):
-    while True:
-        cuts = np.sort(rng.integers(0, n + 1, size=world - 1))
-        sizes = np.diff([0, *cuts, n])
-        if allow_empty or sizes.min() > 0:
-            return sizes.tolist()
+def shard_sizes(rng, n, world, empty_rank=None):
+    """Uneven positive sizes summing to n; rank ``empty_rank`` (if any) gets none."""
+    parts = world - (empty_rank is not None)
+    cuts = np.sort(rng.choice(np.arange(1, n), size=parts - 1, replace=False))
+    sizes = np.diff([0, *cuts, n]).tolist()
+    if empty_rank is not None:
+        sizes.insert(empty_rank, 0)
+    return sizes
 
 
 def compare(report, name, got, want, rtol=1e-10):
@@ -157,8 +159,8 @@ def _reductions(rank, world, report, seed, modes):
 
     rng = np.random.default_rng(seed)
     N, M = 23, 31
-    n_sizes = shard_sizes(rng, N, world, allow_empty=world > 2)
-    m_sizes = shard_sizes(rng, M, world, allow_empty=world > 2)
+    n_sizes = shard_sizes(rng, N, world, empty_rank=2 if world > 2 else None)
+    m_sizes = shard_sizes(rng, M, world, empty_rank=1 if world > 2 else None)
     n0, m0 = sum(n_sizes[:rank]), sum(m_sizes[:rank])
     rows, cols = slice(n0, n0 + n_sizes[rank]), slice(m0, m0 + m_sizes[rank])
     data = [rng.random((N, 3)), rng.random((M, 3)), rng.standard_normal((M, 2)),
@@ -194,12 +196,24 @@ def _reductions(rank, world, report, seed, modes):
 
 
 def _api_variants(rank, world, report, data, rows, cols):
-    """group= keyword, NumPy inputs, float32."""
+    """group= keyword, NumPy inputs, float32, one tensor as both i- and j-variable."""
     import torch.distributed as dist
 
+    import lazytensor.distributed as ltd
     from lazytensor import Vi, Vj
 
     x, y, b, _ = data
+    # a kernel on one point set: x's rows are both the output's and the reduced ones
+    c = np.random.default_rng(len(x)).standard_normal((len(x), 1))
+    full, mine = torch.tensor(x, requires_grad=True), torch.tensor(x[rows], requires_grad=True)
+    want = (-Vi(full).sqdist(Vj(full))).exp() @ torch.from_numpy(c)
+    with ltd.sharded(mode="ring"):
+        got = (-Vi(mine).sqdist(Vj(mine))).exp() @ torch.from_numpy(c[rows])
+    compare(report, "one point set on both sides", [got], [want[rows]])
+    (want ** 2).sum().backward()
+    (got ** 2).sum().backward()
+    compare(report, "one point set on both sides: gradient", [mine.grad], [full.grad[rows]],
+            rtol=1e-9)
     want = (-Vi(x).sqdist(Vj(y))).exp() @ b
     got = ((-Vi(x[rows]).sqdist(Vj(y[cols]))).exp() * Vj(b[cols])).sum(dim=1,
                                                                         group=dist.group.WORLD)
