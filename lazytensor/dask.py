@@ -71,6 +71,27 @@ class TaskPlan:
                 for src, c, d in zip(self.sources, self.cats, self.dims)]
 
 
+def pack(name: str, state: tuple, opts: dict, dim: int) -> np.ndarray:
+    """One float64 array ``(..., width)`` holding a NumPy state (indices below 2**53 are
+    exact), for schedulers that move one array per task."""
+    shapes = merge.rule(name).state_shapes(opts, dim)
+    lead = state[0].shape[: state[0].ndim - len(shapes[0][0])]
+    return np.concatenate([np.asarray(a, dtype=np.float64).reshape(*lead, -1) for a in state],
+                          axis=-1)
+
+
+def unpack(name: str, packed: np.ndarray, opts: dict, dim: int, dtype) -> tuple:
+    """The NumPy state that :func:`pack` stored in ``packed``."""
+    lead, out, pos = packed.shape[:-1], [], 0
+    for shape, kind in merge.rule(name).state_shapes(opts, dim):
+        width = int(np.prod(shape))
+        part = packed[..., pos: pos + width].reshape(*lead, *shape)
+        pos += width
+        out.append(part.astype(np.int64 if kind == "index" else
+                               np.float64 if kind == "wide" else dtype))
+    return tuple(out)
+
+
 def _partial_task(plan: TaskPlan, offset, *chunks):
     """The packed state ``(n, 1, width)`` of one output chunk against one reduced chunk."""
     order = plan.out_args + plan.red_args + plan.par_args
@@ -81,15 +102,15 @@ def _partial_task(plan: TaskPlan, offset, *chunks):
     state = blocks.block_state(plan.reduction, plan.formula, variables, plan.axis, plan.options,
                                m, int(np.asarray(offset).reshape(-1)[0]), (n,), plan.dtype,
                                plan.backend)
-    return merge.pack(plan.reduction, state, plan.options, plan.formula.dim)[:, None, :]
+    return pack(plan.reduction, state, plan.options, plan.formula.dim)[:, None, :]
 
 
 def _merge_task(plan: TaskPlan, packed, axis=None, keepdims=False):
     """Merge the states along axis 1 of ``packed`` (Dask's combine and aggregate)."""
     opts, dim = plan.options, plan.formula.dim
-    states = [merge.unpack(plan.reduction, packed[:, k], opts, dim, plan.dtype)
+    states = [unpack(plan.reduction, packed[:, k], opts, dim, plan.dtype)
               for k in range(packed.shape[1])]
-    out = merge.pack(plan.reduction, merge.merge_all(plan.reduction, states, opts), opts, dim)
+    out = pack(plan.reduction, merge.merge_all(plan.reduction, states, opts), opts, dim)
     return out[:, None, :] if keepdims else out
 
 
@@ -98,7 +119,7 @@ def _keep(packed, axis=None, keepdims=True):
 
 
 def _finalize_task(plan: TaskPlan, which: int, packed):
-    state = merge.unpack(plan.reduction, packed, plan.options, plan.formula.dim, plan.dtype)
+    state = unpack(plan.reduction, packed, plan.options, plan.formula.dim, plan.dtype)
     return merge.finalize(plan.reduction, state, plan.options, plan.dtype)[which]
 
 
@@ -210,4 +231,4 @@ def reduce(formula, *args, reduction: str = "sum", dim: int = 1, K: int | None =
     return results[0] if len(results) == 1 else results
 
 
-__all__ = ["TaskPlan", "reduce"]
+__all__ = ["TaskPlan", "pack", "reduce", "unpack"]

@@ -299,15 +299,18 @@ _PICK = {"min": (0,), "max": (0,), "argmin": (1,), "argmax": (1,), "argkmin": (1
          "kmin": (0,), "sumsoftmaxweight": (0,)}
 
 
-def rule(name: str) -> Rule:
-    """The merge rule of a reduction (registry name or alias)."""
+def _name(name: str) -> str:
     from .codegen import reductions
 
-    canonical_name = reductions.get(name).name
+    return reductions.get(name).name
+
+
+def rule(name: str) -> Rule:
+    """The merge rule of a reduction (registry name or alias)."""
     try:
-        return RULES[canonical_name]
+        return RULES[_name(name)]
     except KeyError:
-        raise ValueError(f"the {canonical_name} reduction has no merge rule") from None
+        raise ValueError(f"the {_name(name)} reduction has no merge rule") from None
 
 
 def _to_torch(arrays):
@@ -330,14 +333,8 @@ def partial(name: str, outputs, opts: dict, offset: int = 0, dim: int = 1) -> tu
 
 def merge(name: str, a: tuple, b: tuple, opts: dict) -> tuple:
     """The state of ``name`` over the union of the blocks of states ``a`` and ``b``."""
-    (a_t, b_t), numpy_in = _pair_to_torch(a, b)
-    return _like(rule(name).merge(a_t, b_t, opts), numpy_in)
-
-
-def _pair_to_torch(a, b):
-    ta, na = _to_torch(list(a))
-    tb, nb = _to_torch(list(b))
-    return (tuple(ta), tuple(tb)), na or nb
+    both, numpy_in = _to_torch([*a, *b])
+    return _like(rule(name).merge(tuple(both[: len(a)]), tuple(both[len(a):]), opts), numpy_in)
 
 
 def finalize(name: str, state: tuple, opts: dict, dtype) -> tuple:
@@ -349,14 +346,8 @@ def finalize(name: str, state: tuple, opts: dict, dtype) -> tuple:
 
 
 def _pick(name: str, outs: tuple) -> tuple:
-    pick = _PICK.get(_canonical(name))
+    pick = _PICK.get(_name(name))
     return outs if pick is None else tuple(outs[k] for k in pick)
-
-
-def _canonical(name: str) -> str:
-    from .codegen import reductions
-
-    return reductions.get(name).name
 
 
 def merge_all(name: str, states: list, opts: dict) -> tuple:
@@ -394,27 +385,6 @@ def cotangents(name: str, states: list, offsets: list, sizes: list, grads: list,
     return [[next(it) if x.requires_grad else None for x in ls] for ls in leaves]
 
 
-def pack(name: str, state: tuple, opts: dict, dim: int) -> np.ndarray:
-    """One float64 array ``(..., width)`` holding a NumPy state (indices below 2**53 are
-    exact), for schedulers that move one array per task."""
-    shapes = rule(name).state_shapes(opts, dim)
-    lead = state[0].shape[: state[0].ndim - len(shapes[0][0])]
-    return np.concatenate([np.asarray(a, dtype=np.float64).reshape(*lead, -1) for a in state],
-                          axis=-1)
-
-
-def unpack(name: str, packed: np.ndarray, opts: dict, dim: int, dtype) -> tuple:
-    """The NumPy state that :func:`pack` stored in ``packed``."""
-    lead, out, pos = packed.shape[:-1], [], 0
-    for shape, kind in rule(name).state_shapes(opts, dim):
-        width = int(np.prod(shape))
-        part = packed[..., pos: pos + width].reshape(*lead, *shape)
-        pos += width
-        out.append(part.astype(np.int64 if kind == "index" else
-                               np.float64 if kind == "wide" else dtype))
-    return tuple(out)
-
-
 def empty(name: str, lead: tuple, opts: dict, dim: int, dtype, numpy: bool = False) -> tuple:
     """The state of an empty block (the identity of :func:`merge`)."""
     dt = getattr(torch, dtype) if isinstance(dtype, str) else dtype
@@ -422,4 +392,4 @@ def empty(name: str, lead: tuple, opts: dict, dim: int, dtype, numpy: bool = Fal
 
 
 __all__ = ["RULES", "Rule", "Run", "cotangents", "empty", "finalize", "merge", "merge_all",
-           "pack", "partial", "rule", "unpack"]
+           "partial", "rule"]

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from lazytensor import Vi, Vj, blocks, engine, merge
+from lazytensor import dask as ltdask
 
 
 def random_bounds(rng, M, nblocks):
@@ -155,8 +156,8 @@ def test_kmin_blocks_smaller_than_k_pad_with_empty_slots(rng):
 def test_pack_and_unpack_give_the_state_back(name, opts, rng):
     K = formula_for(name, rng)
     state = blocks.block_state(name, K.formula, K.variables, 1, opts, 53, 100, (37,), "float64")
-    back = merge.unpack(name, merge.pack(name, state, opts, K.formula.dim), opts,
-                        K.formula.dim, np.float64)
+    back = ltdask.unpack(name, ltdask.pack(name, state, opts, K.formula.dim), opts,
+                         K.formula.dim, np.float64)
     for a, b in zip(state, back):
         assert a.dtype == b.dtype
         np.testing.assert_array_equal(a, b)
