@@ -19,7 +19,8 @@ so adding ranks adds no compute here: *efficiency* is the ideal time over the me
 one, the ideal being T(1) times the work ratio (1 for strong scaling, R for weak
 scaling). It measures what distributing costs (transfers not hidden, merges, waiting,
 oversubscription), not a speedup; docs/scaling.md models machines that add compute.
-The backward rows' kernel and wait seconds add those of both passes.
+The backward rows' kernel and wait seconds add those of both passes (ring only: the
+all-gather's backward is torch's autograd through the gathered arrays, not timed apart).
 
 ``ring`` forces the ring of j-blocks, ``allgather`` the gathering of all j-blocks (the
 mode "auto" picks below 4 MiB). The ring's *kernel s* and *wait s* are rank 0's seconds in
@@ -93,7 +94,10 @@ def _rank_main(rank: int, R: int, store: str, out: str, quick: bool):
             _gauss_call(xs, ys, bs, sharding, grad)
             elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
             dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-            phases = [st for ph, st in ltd.last_stats().items() if grad or ph == "forward"]
+            stats = ltd.last_stats()  # ring: both passes; else the forward only
+            phases = [st for ph, st in stats.items() if grad or ph == "forward"]
+            if grad and "backward" not in stats:
+                phases = []
             comm = _comm_only(R, rank, cols, D, M) if mode == "ring" else None
             results[f"{name}|{mode}"] = {
                 "N": N, "M": M, "time": elapsed.item(), "comm": comm,

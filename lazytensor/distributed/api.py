@@ -133,6 +133,7 @@ def reduce(formula: ir.Node, variables: list, reduction: str, axis: int, opts: d
     Every rank of the group must call it with the same formula, reduction and options.
     """
     sharding = sharding or Sharding()
+    _last_stats.clear()
     variables, numpy_in = _as_torch(list(variables))
     device = next((v.data.device for v in variables if is_torch(v.data)), torch.device("cpu"))
     comm = protocol.Comm(sharding, device)
