@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYCUDA := $(VENV)/.pycuda
 
-.PHONY: demo test test-cuda bench gpu-check lint clean
+.PHONY: demo test test-cuda test-distributed bench gpu-check lint clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,7 @@ demo: $(STAMP)
 # emulator in tests/cuda_emulator through pycuda built against its fake driver: slower, so
 # a target of their own. Without nvcc they are skipped, saying why.
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m "not cuda" tests
+	$(PY) -m pytest -q -p no:cacheprovider -m "not cuda and not distributed" tests
 
 test-cuda: $(PYCUDA)
 	$(PY) -m pytest -q -p no:cacheprovider -m cuda tests
@@ -33,6 +33,10 @@ test-cuda: $(PYCUDA)
 $(PYCUDA): $(STAMP) tools/build_pycuda.py
 	$(PY) -m tools.build_pycuda
 	touch $(PYCUDA)
+
+# several processes: gloo ranks on loopback, a Dask LocalCluster (about a minute)
+test-distributed: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m distributed tests
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.bench
