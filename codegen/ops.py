@@ -109,7 +109,7 @@ def _ensure_loaded():
         return
     with _load_lock:
         if not _loaded:
-            from . import elementwise, vector_ops  # noqa: F401  (registers the ops)
+            from . import elementwise, tensor_ops, vector_ops  # noqa: F401  (registers the ops)
 
             _loaded = True
 

@@ -29,7 +29,7 @@ import keyword
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from . import ir, ops
+from . import ir, ops, tensor_ops
 
 MAX_DEPTH = 64  # nesting of parentheses, calls and unary signs (Python's stack stays safe)
 MAX_INDEX = 4095
@@ -38,7 +38,7 @@ MAX_INT = 1 << 31
 _DIGITS = frozenset("0123456789")
 _IDENT_START = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_")
 _IDENT = _IDENT_START | _DIGITS
-_PUNCT = frozenset("+-*/|(),=")
+_PUNCT = frozenset("+-*/|(),=[]")
 _CATS = {"Vi": "i", "Vj": "j", "Pm": "p"}
 _KEOPS_CATS = {0: "i", 1: "j", 2: "p"}
 
@@ -445,10 +445,14 @@ class _Parser:
         if spec is None:
             raise cur.error(self._unknown(name, "function"), name_tok)
         kinds, builder = spec
+        required, _, optional = kinds.partition("?")  # arguments after "?" may be left out
+        kinds = required + optional
         cur.expect_op("(")
         args = []
         for k, kind in enumerate(kinds):
             if k:
+                if cur.at_op(")") and k >= len(required):
+                    break
                 if cur.at_op(")"):
                     raise cur.error(f"{name} takes {len(kinds)} arguments, got {k}")
                 cur.expect_op(",")
@@ -458,12 +462,28 @@ class _Parser:
                 args.append(self.variable())
             elif kind == "n":
                 args.append(cur.integer())
+            elif kind == "l":
+                args.append(self.int_list())
             else:  # "z": a signed integer
                 args.append(cur.integer(signed=True, low=-MAX_INT, high=MAX_INT))
         if cur.at_op(","):
             raise cur.error(f"{name} takes {len(kinds)} argument{'s' * (len(kinds) != 1)}")
         cur.expect_op(")")
         return self.build(name_tok, builder, *args)
+
+    def int_list(self) -> tuple:
+        """``[i, j, ...]`` or ``[]``: the shapes and axes of Kron and TensorDot."""
+        cur = self.cur
+        cur.expect_op("[")
+        values = []
+        while not cur.at_op("]"):
+            if values:
+                cur.expect_op(",")
+            values.append(cur.integer())
+            if len(values) > 64:
+                raise cur.error("integer list longer than 64 items")
+        cur.expect_op("]")
+        return tuple(values)
 
 
 # ---------------------------------------------------------------------------- functions
@@ -527,7 +547,9 @@ def _unary(op: str):
     return ("f", lambda a: _a(op, a))
 
 
-FunctionSpec = tuple  # (argument kinds: "f" formula, "v" variable, "n" int >= 0, "z" int; builder)
+# (argument kinds: "f" formula, "v" variable, "n" int >= 0, "z" int, "l" [ints]; those after
+# a "?" are optional; builder)
+FunctionSpec = tuple
 
 FUNCTIONS: dict[str, FunctionSpec] = {
     **{keops: _unary(op) for keops, op in (
@@ -573,6 +595,8 @@ FUNCTIONS: dict[str, FunctionSpec] = {
     "VecMatMult": ("ff", lambda x, A: _a("vecmat", x, A)),
     "TensorProd": ("ff", lambda a, b: _a("tensorprod", a, b)),
     "Grad": ("fvf", _grad),
+    "Kron": ("ffll", tensor_ops.kron),
+    "TensorDot": ("ffllll?l", tensor_ops.tensordot),
 }
 
 _USER_FUNCTIONS: dict[str, FunctionSpec] = {}

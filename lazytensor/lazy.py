@@ -17,7 +17,7 @@ import numpy as np
 
 from . import engine
 from .binding import Variable, array_dtype, is_torch
-from .codegen import ir, ops
+from .codegen import ir, ops, tensor_ops
 from .genred import IGNORED_OPTIONS, keops_backend, reduction_options
 
 
@@ -495,41 +495,43 @@ class LazyTensor:
 
         ``dimfself`` and ``dimfother`` are their shapes (same number of axes); the result
         has shape ``(d0*e0, d1*e1, ...)``, flattened row-major, as ``numpy.kron``.
+
+        >>> a, b = np.random.rand(4, 6), np.random.rand(5, 4)
+        >>> k = Vi(a).keops_kron(Vj(b), (2, 3), (2, 2)).sum(1)
+        >>> np.allclose(k[0], sum(np.kron(a[0].reshape(2, 3), c.reshape(2, 2)).ravel() for c in b))
+        True
         """
-        da, db = tuple(int(d) for d in dimfself), tuple(int(d) for d in dimfother)
-        if len(da) != len(db):
-            raise ValueError(f"keops_kron: shapes {da} and {db} have different numbers of axes")
-        prod = self.tensorprod(other)  # index (ia, ib) -> ia * |b| + ib
-        ia = np.arange(int(np.prod(da))).reshape(da)
-        ib = np.arange(int(np.prod(db))).reshape(db)
-        flat = np.kron(ia * int(np.prod(db)), np.ones(db, dtype=np.int64)) + np.kron(
-            np.ones(da, dtype=np.int64), ib)
-        return prod._op("gather", params=(tuple(int(k) for k in flat.reshape(-1)),))
+        return self._tensor_op(other, tensor_ops.kron, dimfself, dimfother)
 
     def keops_tensordot(self, other, dimfa, dimfb, contfa, contfb, *args):
         """``numpy.tensordot`` of two tensors stored row-major in the vector dimension.
 
         ``dimfa``/``dimfb`` are their shapes, ``contfa``/``contfb`` the axes contracted
-        together; the result holds the free axes of ``self`` then those of ``other``.
+        together; the result holds the free axes of ``self`` then those of ``other``, moved
+        by the optional permutation as in pykeops (axis ``k`` goes to ``perm[k]``).
+
+        >>> a, b = np.random.rand(3, 6), np.random.rand(1, 12)
+        >>> t = Vi(a).keops_tensordot(Vj(b), (2, 3), (3, 4), (1,), (0,), (1, 0)).sum(1)
+        >>> np.allclose(t[0], (a[0].reshape(2, 3) @ b[0].reshape(3, 4)).T.ravel())
+        True
         """
-        da, db = tuple(int(d) for d in dimfa), tuple(int(d) for d in dimfb)
-        ca, cb = tuple(int(c) for c in np.atleast_1d(contfa)), tuple(int(c) for c in np.atleast_1d(contfb))
-        if len(ca) != len(cb) or any(da[p] != db[q] for p, q in zip(ca, cb)):
-            raise ValueError(f"keops_tensordot: cannot contract axes {ca} of {da} with {cb} of {db}")
-        fa = [k for k in range(len(da)) if k not in ca]
-        fb = [k for k in range(len(db)) if k not in cb]
-        ia = np.arange(int(np.prod(da))).reshape(da).transpose(fa + list(ca))
-        ib = np.arange(int(np.prod(db))).reshape(db).transpose(list(cb) + fb)
-        nc = int(np.prod([da[p] for p in ca])) if ca else 1
-        ia = ia.reshape(-1, nc)  # (free_a, contracted)
-        ib = ib.reshape(nc, -1)  # (contracted, free_b)
-        total = None
-        for c in range(nc):
-            col = self._op("gather", params=(tuple(int(k) for k in ia[:, c]),))
-            row = LazyTensor(other)._op("gather", params=(tuple(int(k) for k in ib[c, :]),))
-            term = col.tensorprod(row)
-            total = term if total is None else total + term
-        return total
+        if len(args) > 1:
+            raise ValueError(f"keops_tensordot takes one permutation after contfb, got {args!r}")
+        return self._tensor_op(other, tensor_ops.tensordot, dimfa, dimfb, contfa, contfb, *args)
+
+    def _tensor_op(self, other, build, *shapes):
+        other = other if isinstance(other, LazyTensor) else self._operand(other)
+        variables, node = self._merged(other)
+        try:
+            formula = build(self.formula, node, *shapes)
+        except ValueError as e:
+            raise ValueError(f"{e}; operands: {_describe_operand(self)}; "
+                             f"{_describe_operand(other)}") from None
+        out = LazyTensor._new(formula, variables)
+        ranges = self.ranges if other.ranges is None else other.ranges
+        if ranges is not None:
+            out.ranges = ranges
+        return out
 
     def difference_matrix(self, other):
         """``(x_k - y_l)`` for all k, l: an (D1*D2)-vector (row-major)."""
