@@ -573,7 +573,7 @@ FUNCTIONS: dict[str, FunctionSpec] = {
     "IntInv": ("z", _int_inv),
     "Zero": ("n", lambda d: ir.const([0.0] * d)),
     "Pow": ("fz", _pow),
-    "Powf": ("ff", lambda f, g: _a("exp", _a("mul", _a("log", f), g))),
+    "Powf": ("ff", lambda f, g: _a("powf", f, g)),
     "Clamp": ("fff", lambda f, a, b: _a("clamp", f, a, b)),
     "ClampInt": ("fzz", lambda f, a, b: _a("clamp", f, ir.const(float(a)), ir.const(float(b)))),
     "IfElse": ("fff", lambda c, a, b: _a("ifelse", c, a, b)),

@@ -60,6 +60,7 @@ def _canonical(x, axis):
     )
 
 
+_POW_OPS = {2.0: "square", 0.5: "sqrt", -0.5: "rsqrt"}  # x ** p for these p, as pykeops
 _matmul_formulas: dict = {}  # (K's formula, v's variable index, v's dim) -> K * v_j
 
 
@@ -253,20 +254,27 @@ class LazyTensor:
     __hash__ = object.__hash__
 
     def __pow__(self, p):
-        """``x ** p``: static int/float exponents (0.5 -> sqrt, -0.5 -> rsqrt), or a formula."""
+        """``x ** p``: static int/float exponents (0.5 -> sqrt, -0.5 -> rsqrt, which is 0 at 0
+        as in pykeops), or a formula (:meth:`powf`)."""
         if isinstance(p, numbers.Number) and not isinstance(p, bool):
             p = float(p)
-            if p == 2.0:
-                return self._op("square")
+            if p in _POW_OPS:
+                return self._op(_POW_OPS[p])
             return self._op("pow", params=(p,))
         return self.powf(p)
 
     def __rpow__(self, base):
-        return (LazyTensor(base).log() * self).exp()
+        return self._operand(base).powf(self)
 
     def powf(self, p):
-        """``self ** p`` for a formula exponent: ``exp(p log self)``."""
-        return (self.log() * p).exp()
+        """``self ** p`` for a formula exponent, as C ``pow``: for a negative base and an
+        integer-valued exponent, the signed power (NaN for other exponents).
+
+        >>> x, p = np.array([[-2.0], [3.0]]), np.array([[3.0]])
+        >>> Vi(x).powf(Vj(p)).sum(1)[:, 0].tolist()
+        [-8.0, 27.0]
+        """
+        return self._op("powf", p)
 
     def __or__(self, o):
         """Dot product over the vector dimension: ``(x | y) = Σ_k x_k y_k``."""

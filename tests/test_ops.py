@@ -124,7 +124,10 @@ CASES: dict[str, Case] = {
     "pow": Case(_build_pow, U(0.1, 1.5), U(0.1, 1.5), rtol32=2e-5),
     "square": unary("square", -3, 3),
     "inv": Case(lambda x, y: A("inv", A("mul", x, y)), Away(0.5, 2), Away(0.5, 2)),
-    "rsqrt": unary("rsqrt", 0.1, 6),
+    "rsqrt": unary("rsqrt", 0, 6, 0.0),
+    "powf": Case(lambda x, y: _concat([A("powf", A("add", x, C(0.25)), y),
+                                       A("powf", A("sub", C(-0.25), x), A("round", A("mul", y, C(4.0))))]),
+                 U(0.1, 1.5), U(-1.5, 1.5)),
     # branches, comparisons, rounding
     "ifelse": Case(lambda x, y: A("ifelse", A("sub", x, y), A("mul", x, y), A("add", x, y)),
                    G(-2, 2), G(-2, 2)),
@@ -542,6 +545,8 @@ SPECIAL_OPS = (
     "atan2",
     "erf",
     "atan",
+    "rsqrt",
+    "powf",
 )
 
 
@@ -555,7 +560,7 @@ def _special_parts(x, y):
     b = y
     parts = []
     for name in SPECIAL_OPS:
-        if name in ("min2", "max2", "eq", "ne", "lt", "ge", "atan2"):
+        if name in ("min2", "max2", "eq", "ne", "lt", "ge", "atan2", "powf"):
             parts.append(A(name, a, b))
         elif name == "clamp":
             parts.append(A("clamp", a, A("neg", A("abs", b)), A("abs", b)))
