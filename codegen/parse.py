@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import difflib
 import keyword
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from . import ir, ops, tensor_ops
+from . import compose, ir, ops, tensor_ops
 
 MAX_DEPTH = 64  # nesting of parentheses, calls and unary signs (Python's stack stays safe)
 MAX_INDEX = 4095
@@ -270,9 +271,10 @@ def _check_alias_name(cur: _Cursor, tok: Token):
 class Scope:
     """The variables of one reduction: aliases, then inline ``Var(...)`` met while parsing."""
 
-    def __init__(self, aliases: Sequence[str] = ()):
+    def __init__(self, aliases: Sequence[str] = (), bound: dict | None = None):
         if isinstance(aliases, str):
             aliases = [aliases]
+        self.bound: dict[str, ir.Node] = dict(bound or {})  # names of given IR nodes
         self.by_name: dict[str, VarDecl] = {}
         self.by_index: dict[int, VarDecl] = {}
         for position, text in enumerate(aliases):
@@ -311,6 +313,41 @@ class Scope:
 
     def parse(self, source: str) -> ir.Node:
         return _Parser(source, self).parse()
+
+
+def apply_function(name: str, operands: Sequence[ir.Node], options: Sequence = (),
+                   operator: bool = False) -> ir.Node:
+    """``name(*operands, *options)`` as a formula string would build it, on IR operands
+    (pykeops's ``LazyTensor.unary``/``binary``/``ternary``). Options are integers, lists of
+    integers, IR nodes, or text in formula syntax (``"[2, 3], [2, 2]"``); ``operator=True``
+    applies a binary operator (``"+"``, ``"-"``, ``"*"``, ``"/"``, ``"|"``) instead.
+
+    >>> x = ir.var(0, 3, "i")
+    >>> apply_function("Extract", [x], [1, 2]).dim, apply_function("|", [x, x], operator=True).dim
+    (2, 1)
+    """
+    bound = {f"_operand{k}": node for k, node in enumerate(operands)}
+    if operator:
+        if name not in ("+", "-", "*", "/", "|") or len(operands) != 2:
+            raise ValueError(f"unknown binary operator {name!r} (expected +, -, *, / or |)")
+        return Scope(bound=bound).parse(f"(_operand0 {name} _operand1)")
+    if name not in FUNCTIONS and name not in _USER_FUNCTIONS:
+        raise ValueError(f"unknown function {name!r}")
+    texts = list(bound)
+    for k, option in enumerate(options):
+        if isinstance(option, ir.Node):
+            bound[f"_option{k}"] = option
+            texts.append(f"_option{k}")
+        elif isinstance(option, (list, tuple)):
+            texts.append("[" + ", ".join(str(int(v)) for v in option) + "]")
+        elif isinstance(option, str):
+            texts.append(option)
+        elif isinstance(option, numbers.Integral) and not isinstance(option, bool):
+            texts.append(str(int(option)))
+        else:
+            raise ValueError(f"{name}: option {option!r} is not an integer, a list of integers "
+                             "or a formula")
+    return Scope(bound=bound).parse(f"{name}({', '.join(texts)})")
 
 
 def parse(formula: str, aliases: Sequence[str] = ()) -> tuple[ir.Node, list[VarDecl]]:
@@ -405,6 +442,8 @@ class _Parser:
                 node = self.call(tok)
                 self.depth -= 1
                 return node
+            if tok.text in self.scope.bound:
+                return self.scope.bound[tok.text]
             decl = self.scope.by_name.get(tok.text)
             if decl is None:
                 raise cur.error(self._unknown(tok.text, "name"), tok)
@@ -429,6 +468,8 @@ class _Parser:
         if tok.kind == "name" and tok.text in ("Var", "Vi", "Vj", "Pm") and cur.at_op("("):
             index, dim, cat = _var_spec(cur, tok.text, True, None)
             return self.scope.declare_inline(cur, tok, index, dim, cat).node
+        if tok.kind == "name" and not cur.at_op("(") and tok.text in self.scope.bound:
+            return self.scope.bound[tok.text]
         if tok.kind == "name" and not cur.at_op("("):
             decl = self.scope.by_name.get(tok.text)
             if decl is not None:
@@ -595,6 +636,8 @@ FUNCTIONS: dict[str, FunctionSpec] = {
     "VecMatMult": ("ff", lambda x, A: _a("vecmat", x, A)),
     "TensorProd": ("ff", lambda a, b: _a("tensorprod", a, b)),
     "Grad": ("fvf", _grad),
+    "BSpline": ("ffn", compose.bspline),
+    "SoftDTW_SqDist": ("fff", compose.softdtw_sqdist),
     "Kron": ("ffll", tensor_ops.kron),
     "TensorDot": ("ffllll?l", tensor_ops.tensordot),
 }

@@ -17,8 +17,10 @@ import numpy as np
 
 from . import engine
 from .binding import Variable, array_dtype, is_torch
+from .errors import ArgumentTypeError
 from .codegen import ir, ops, tensor_ops
 from .genred import IGNORED_OPTIONS, keops_backend, reduction_options
+from .keops_methods import KeOpsMethods
 
 
 def _canonical(x, axis):
@@ -71,11 +73,11 @@ def _as_array(x):
         try:
             return np.asarray(x, dtype=np.float64)
         except (TypeError, ValueError) as e:
-            raise TypeError(f"LazyTensor cannot convert a {type(x).__name__} to a float64 array: {e}") from None
-    raise TypeError(f"LazyTensor cannot wrap an object of type {type(x).__name__}")
+            raise ArgumentTypeError(f"LazyTensor cannot convert a {type(x).__name__} to a float64 array: {e}") from None
+    raise ArgumentTypeError(f"LazyTensor cannot wrap an object of type {type(x).__name__}")
 
 
-class LazyTensor:
+class LazyTensor(KeOpsMethods):
     """A symbolic array of shape ``(*batch, N, M, D)`` defined by a formula.
 
     Build leaves from arrays (``LazyTensor(x[:, None, :])``, ``Vi(x)``, ``Vj(y)``, ``Pm(p)``),
@@ -107,7 +109,7 @@ class LazyTensor:
         if dim < 1:
             raise ValueError(f"LazyTensor got shape {tuple(x.shape)}: the vector dimension is 0")
         if data.is_complex() if is_torch(data) else np.iscomplexobj(data):
-            raise TypeError(f"LazyTensor got complex data (shape {tuple(x.shape)}, dtype "
+            raise ArgumentTypeError(f"LazyTensor got complex data (shape {tuple(x.shape)}, dtype "
                             f"{array_dtype(data)}); expected float32 or float64")
         _check_not_half(x if hasattr(x, "shape") else data, "LazyTensor got")
         self.formula = ir.var(0, dim, cat)
@@ -297,7 +299,7 @@ class LazyTensor:
         if self.formula.dim != 1:
             raise ValueError(f"K @ v needs a scalar formula K, got dimension {self.formula.dim}")
         if isinstance(v, LazyTensor):
-            raise TypeError("K @ v takes an array v of shape (M, E), not a LazyTensor")
+            raise ArgumentTypeError("K @ v takes an array v of shape (M, E), not a LazyTensor")
         v = _as_array(v)
         if v.ndim == 0:
             raise ValueError("K @ v needs v of shape (M,) or (M, E) (or (*batch, M, E)), got a 0D array")
@@ -692,8 +694,9 @@ class LazyTensor:
         backend, opts, kw = _reduction_options("kmin_argkmin", backend, kw, {"K": K})
         return self._reduce("kmin_argkmin", dim, axis, backend, opts, **kw)
 
-    def logsumexp(self, dim=None, axis=None, weight=None, backend="auto", **kw):
-        """``log Σ exp(self)`` (stable); with ``weight``: ``log Σ exp(self) * weight``.
+    def logsumexp(self, dim=None, axis=None, weight=None, backend="auto", other=None, **kw):
+        """``log Σ exp(self)`` (stable); with ``weight`` (or ``other``, as pykeops calls it):
+        ``log Σ exp(self) * weight``.
 
         An empty reduction (or all terms -inf) gives -inf; a NaN term gives NaN.
 
@@ -701,6 +704,10 @@ class LazyTensor:
         >>> (Vi(x) | Vj(y)).logsumexp(dim=1, weight=Vj(np.ones((6, 3)))).shape
         (5, 3)
         """
+        if other is not None:
+            if weight is not None:
+                raise ValueError("logsumexp: give the weight once, as weight= or as other=")
+            weight = other
         if weight is None:
             backend, opts, kw = _reduction_options("logsumexp", backend, kw)
             return self._reduce("logsumexp", dim, axis, backend, opts, **kw)
@@ -820,7 +827,7 @@ def _check_not_half(data, what: str):
     """A clear error for float16/bfloat16 data (the binding's message is about integers)."""
     dt = array_dtype(data)
     if dt in ("float16", "bfloat16"):
-        raise TypeError(f"{what} {dt} data (shape {tuple(data.shape)}); expected float32 or "
+        raise ArgumentTypeError(f"{what} {dt} data (shape {tuple(data.shape)}); expected float32 or "
                         "float64 (pykeops supports half precision on GPUs only): convert with "
                         ".float() / .astype(np.float32)")
 
