@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench gpu-check lint clean
+.PHONY: demo test test-compat bench gpu-check lint clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests
+
+# The pykeops drop-in alone (also part of `make test`): pykeops's own test files through the
+# alias, the alias and the API it needs, geomloss and GPyTorch on lazytensor.
+test-compat: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -rx tests/test_compat_pykeops.py \
+		tests/test_pykeops_suite.py tests/test_clients.py
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.bench

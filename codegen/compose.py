@@ -78,7 +78,8 @@ def softdtw_sqdist(x: ir.Node, y: ir.Node, gamma: ir.Node) -> ir.Node:
     the result is ``r[n-1][m-1]``. Differentiable in ``x``, ``y`` and ``gamma``.
     """
     if gamma.dim != 1:
-        raise ValueError(f"SoftDTW_SqDist: gamma must be a scalar formula, got dimension {gamma.dim}")
+        raise ValueError(f"SoftDTW_SqDist: gamma must be a scalar formula, got dimension "
+                         f"{gamma.dim}")
     n, m = x.dim, y.dim
     if n * m > MAX_SOFTDTW_CELLS:
         raise ValueError(f"SoftDTW_SqDist: sequences of lengths {n} and {m} need {n * m} cells; "

@@ -369,7 +369,8 @@ define("sqrt", 1, sym=_sp("sqrt"), c=_fn("sqrt"), ref=_np("sqrt"), sympy_func="s
        derivs=lambda a: [apply("mul", _c(0.5), apply("rsqrt", a))])
 define("rsqrt", 1, sym=lambda a: a ** _sp("Rational")(-1, 2),
        c=lambda dt, a: f"({a} == 0 ? (T)0 : (T)1 / {_fn('sqrt')(dt, a)})",
-       ref=lambda xp, t, p: xp.where(t[0] == 0, 0 * t[0], 1 / xp.sqrt(xp.where(t[0] == 0, 1 + 0 * t[0], t[0]))),
+       ref=lambda xp, t, p: xp.where(t[0] == 0, 0 * t[0],
+                                     1 / xp.sqrt(xp.where(t[0] == 0, 1 + 0 * t[0], t[0]))),
        derivs=lambda a: [apply("mul", _c(-0.5), apply("pow", apply("rsqrt", a), params=(3.0,)))],
        doc="1 / sqrt(a), 0 at 0 (as KeOps)")
 define("powf", 2, sym=lambda a, b: a ** b, c=_fn("pow"), ref=lambda xp, t, p: t[0] ** t[1],

@@ -21,8 +21,8 @@ import numpy as np
 
 from . import engine
 from .binding import Variable, array_dtype, is_torch
-from .errors import ArgumentTypeError
 from .codegen import ops, parse
+from .errors import ArgumentTypeError
 
 # KeOps reduction name (lower case) -> (our reduction, needs K, takes formula2)
 _REDUCTIONS = {

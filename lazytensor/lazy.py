@@ -17,8 +17,8 @@ import numpy as np
 
 from . import engine
 from .binding import Variable, array_dtype, is_torch
-from .errors import ArgumentTypeError
 from .codegen import ir, ops, tensor_ops
+from .errors import ArgumentTypeError
 from .genred import IGNORED_OPTIONS, keops_backend, reduction_options
 from .keops_methods import KeOpsMethods
 

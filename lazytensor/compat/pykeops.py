@@ -130,7 +130,8 @@ def install(keopscore: bool = True) -> ModuleType:
                 "(geomloss, gpytorch, falkon), e.g. at the top of the program")
         if _finder is None:
             real_keopscore = sys.modules.get("keopscore")
-            finder = _AliasFinder(keopscore and (real_keopscore is None or _is_alias(real_keopscore)))
+            serve_keopscore = real_keopscore is None or _is_alias(real_keopscore)
+            finder = _AliasFinder(keopscore and serve_keopscore)
             sys.meta_path.insert(0, finder)
             _finder = finder
         _warn_about_early_clients()
