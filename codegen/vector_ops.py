@@ -6,6 +6,8 @@ Matrices are stored row-major in a vector: ``A`` of dimension ``n*m`` is ``A[r*m
 >>> A = ir.var(0, 6, "i"); x = ir.var(1, 3, "j")
 >>> ops.apply("matvec", A, x).dim
 2
+>>> ops.apply("matmul", A, ir.var(2, 9, "j"), params=(3,)).dim   # (2×3) @ (3×3)
+6
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ register(OpDef(
     ref=lambda xp, t, p: xp.vsum(t[0]),
     vjp=lambda node, g: [apply("expand", g, params=(node.args[0].dim,))],
     jvp=lambda node, t: None if t[0] is None else apply("sum", t[0]),
-    doc="sum over the vector dimension",
+    doc="sum over the vector dimension", keops=("Sum",), method="sum",
 ))
 
 
@@ -92,18 +94,18 @@ def _select_jvp(arg_name):
     return jvp
 
 
-for _name, _cmp, _index, _ref in (
-    ("vmin", "<", False, "vmin"), ("vmax", ">", False, "vmax"),
-    ("vargmin", "<", True, "vargmin"), ("vargmax", ">", True, "vargmax"),
+for _name, _cmp, _index, _keops in (
+    ("vmin", "<", False, "Min"), ("vmax", ">", False, "Max"),
+    ("vargmin", "<", True, "ArgMin"), ("vargmax", ">", True, "ArgMax"),
 ):  # fmt: skip
     _arg = "vargmin" if _cmp == "<" else "vargmax"
     register(OpDef(
         _name, 1, _fixed(1), _select_emit(_cmp, _index),
-        ref=lambda xp, t, p, _ref=_ref: getattr(xp, _ref)(t[0]),
+        ref=lambda xp, t, p, _ref=_name: getattr(xp, _ref)(t[0]),
         vjp=None if _index else _select_vjp(_arg),
         jvp=None if _index else _select_jvp(_arg),
         differentiable=not _index,
-        doc=f"{_ref} over the vector dimension",
+        doc=f"{_name[1:]} over the vector dimension", keops=(_keops,), method=_keops.lower(),
     ))
 
 
@@ -182,7 +184,7 @@ register(OpDef(
         apply("slice", g, params=(node.args[0].dim, node.args[1].dim)),
     ],
     jvp=_concat_jvp,
-    doc="concatenation of two vectors",
+    doc="concatenation of two vectors", keops=("Concat",), method="concat",
 ))
 
 
@@ -248,7 +250,7 @@ register(OpDef(
         None if t[0] is None else apply("matvec", t[0], node.args[1]),
         None if t[1] is None else apply("matvec", node.args[0], t[1]),
     ),
-    doc="A(n*m, row-major) times x(m)",
+    doc="A(n*m, row-major) times x(m)", keops=("MatVecMult",), method="matvecmult",
 ))
 
 
@@ -279,7 +281,7 @@ register(OpDef(
         None if t[0] is None else apply("vecmat", t[0], node.args[1]),
         None if t[1] is None else apply("vecmat", node.args[0], t[1]),
     ),
-    doc="x(n) times A(n*m, row-major)",
+    doc="x(n) times A(n*m, row-major)", keops=("VecMatMult",), method="vecmatmult",
 ))
 
 
@@ -301,7 +303,61 @@ register(OpDef(
         None if t[0] is None else apply("tensorprod", t[0], node.args[1]),
         None if t[1] is None else apply("tensorprod", node.args[0], t[1]),
     ),
-    doc="outer product a(n) b(m) as an n*m row-major vector",
+    doc="outer product a(n) b(m) as an n*m row-major vector", keops=("TensorProd",),
+    method="tensorprod",
+))
+
+
+def _matmul_dim(dims, params):
+    (inner,) = params
+    a, b = dims
+    if inner < 1 or a % inner or b % inner:
+        raise ValueError(f"matmul: operands of dimensions {a} and {b} are not n×{inner} and "
+                         f"{inner}×m matrices")
+    return (a // inner) * (b // inner)
+
+
+def _matmul_shape(node: ir.Node):
+    inner = node.params[0]
+    return node.args[0].dim // inner, inner, node.args[1].dim // inner
+
+
+def _matmul_emit(node, out, args, dtype):
+    n, k, m = _matmul_shape(node)
+    return (f"for (int r = 0; r < {n}; ++r) for (int c = 0; c < {m}; ++c) {{ T s = 0; "
+            f"for (int q = 0; q < {k}; ++q) s += {args[0]}[r * {k} + q] * {args[1]}[q * {m} + c]; "
+            f"{out}[r * {m} + c] = s; }}")
+
+
+def _matmul_ref(xp, t, p):
+    a, b = t
+    k = int(p[0])
+    n, m = a.shape[-1] // k, b.shape[-1] // k
+    prod = _reshape(a, (*a.shape[:-1], n, k)) @ _reshape(b, (*b.shape[:-1], k, m))
+    return _reshape(prod, (*prod.shape[:-2], n * m))
+
+
+def transpose_indices(rows: int, cols: int) -> tuple:
+    """The ``gather`` indices that transpose a ``rows×cols`` row-major matrix."""
+    return tuple(r * cols + c for c in range(cols) for r in range(rows))
+
+
+def _matmul_vjp(node, g):
+    a, b = node.args
+    n, k, m = _matmul_shape(node)
+    # C = A B: dA = G Bᵀ (inner m), dB = Aᵀ G (inner n)
+    bt = apply("gather", b, params=(transpose_indices(k, m),))
+    at = apply("gather", a, params=(transpose_indices(n, k),))
+    return [apply("matmul", g, bt, params=(m,)), apply("matmul", at, g, params=(n,))]
+
+
+register(OpDef(
+    "matmul", 2, _matmul_dim, _matmul_emit, ref=_matmul_ref, vjp=_matmul_vjp,
+    jvp=lambda node, t: _sum_terms(
+        None if t[0] is None else apply("matmul", t[0], node.args[1], params=node.params),
+        None if t[1] is None else apply("matmul", node.args[0], t[1], params=node.params),
+    ),
+    doc="A (n×k) @ B (k×m), both row-major, params (k,): TensorDot's contraction",
 ))
 
 

@@ -17,7 +17,7 @@ attributes and no-op steps of pykeops that client code calls (``_shape``,
 
 from __future__ import annotations
 
-from .codegen import compose, diff, ir, ops, parse
+from .codegen import compositions, diff, ir, ops, parse
 
 # pykeops reduction -> (LazyTensor method, takes K, takes a weight)
 _REDUCTION_METHODS = {
@@ -63,12 +63,12 @@ class KeOpsMethods:
         identical subterms already are one node here, evaluated once per pair."""
         if not isinstance(other, type(self)):
             raise TypeError(f"factorize: expected a LazyTensor, got {type(other).__name__}")
-        return self._with_formula(self.formula, self.variables)
+        return self._build(lambda f: f)
 
     def auto_factorize(self):
         """The same formula, shared subterms computed once (pykeops's ``AutoFactorize``):
         the IR shares identical subterms already."""
-        return self._with_formula(self.formula, self.variables)
+        return self._build(lambda f: f)
 
     # ------------------------------------------------------------------ reductions
 
@@ -135,15 +135,18 @@ class KeOpsMethods:
         if not isinstance(operation, str):
             raise TypeError(f"the operation must be a KeOps name (a string), got {operation!r}")
         lazies = [o for o in (*operands, *options) if isinstance(o, type(self))]
-        variables, nodes = self._merge_all(lazies)
-        node_of = {id(lt): n for lt, n in zip(lazies, nodes[1:])}
-        args = [node_of[id(o)] for o in operands]
-        opts = [node_of.get(id(o), o) for o in options]
-        node = parse.apply_function(operation, args, opts, operator=operator)
-        if dimres is not None and int(dimres) != node.dim:
-            raise ValueError(f"{operation}: the result has dimension {node.dim}, not dimres="
-                             f"{dimres}")
-        return self._with_formula(node, variables, lazies)
+
+        def build(*nodes):
+            node_of = {id(lt): n for lt, n in zip(lazies, nodes[1:])}
+            node = parse.apply_function(operation, [node_of[id(o)] for o in operands],
+                                        [node_of.get(id(o), o) for o in options],
+                                        operator=operator)
+            if dimres is not None and int(dimres) != node.dim:
+                raise ValueError(f"{operation}: the result has dimension {node.dim}, not "
+                                 f"dimres={dimres}")
+            return node
+
+        return self._build(build, *lazies)
 
     # ------------------------------------------------------------------ symbolic calculus
 
@@ -156,89 +159,71 @@ class KeOpsMethods:
         >>> bool((x.sqnorm2().diff(x, x) - 2 * x.sqnorm2()).abs().sum(0)[0, 0] < 1e-12)
         True
         """
-        u = u if isinstance(u, type(self)) else self._operand(u)
-        variables, (f, x, t) = self._wrt(v, u)
-        if t.dim not in (1, x.dim):
-            raise ValueError(f"diff: the direction has dimension {t.dim}, the variable {x.dim}")
-        if t.dim != x.dim:
-            t = ops.apply("expand", t, params=(x.dim,))
-        return self._with_formula(diff.jvp(f, {x: t}), variables, [v, u])
+
+        def build(f, x, t):
+            if t.dim not in (1, x.dim):
+                raise ValueError(f"diff: the direction has dimension {t.dim}, the variable "
+                                 f"{x.dim}")
+            if t.dim != x.dim:
+                t = ops.apply("expand", t, params=(x.dim,))
+            return diff.jvp(f, {x: t})
+
+        return self._build(build, _leaf(v, "diff"), u)
 
     def grad_matrix(self, v):
         """The Jacobian of ``self`` (dimension F) in ``v`` (dimension D), row-major: an F·D
         vector whose entry ``k·D + l`` is ``∂self_k/∂v_l`` (pykeops's ``GradMatrix``)."""
-        variables, (f, x) = self._wrt(v)
-        rows = [diff.vjp(f, [x], _basis(f.dim, k))[x] for k in range(f.dim)]
-        return self._with_formula(compose.concat_all(rows), variables, [v])
+        return self._build(lambda f, x: compositions.concat_all(
+            [diff.vjp(f, [x], _basis(f.dim, k))[x] for k in range(f.dim)]),
+            _leaf(v, "grad_matrix"))
 
     def divergence(self, v):
         """``Σ_k ∂self_k/∂v_k`` for ``self`` of v's dimension."""
-        variables, (f, x) = self._wrt(v)
-        return self._with_formula(_divergence(f, x), variables, [v])
+        return self._build(_divergence, _leaf(v, "divergence"))
 
     def laplacian(self, v):
         """``Σ_k ∂²self/∂v_k²`` for a scalar ``self``."""
-        variables, (f, x) = self._wrt(v)
-        if f.dim != 1:
-            raise ValueError(f"laplacian: the formula must be scalar, got dimension {f.dim}")
-        return self._with_formula(_divergence(diff.vjp(f, [x], ir.const(1.0))[x], x), variables,
-                                  [v])
+
+        def build(f, x):
+            if f.dim != 1:
+                raise ValueError(f"laplacian: the formula must be scalar, got dimension {f.dim}")
+            return _divergence(diff.vjp(f, [x], ir.const(1.0))[x], x)
+
+        return self._build(build, _leaf(v, "laplacian"))
 
     def trace_operator(self, v):
         """The trace of ``v ↦ self`` for a formula linear in ``v`` (of v's dimension):
         ``Σ_k self(v = e_k)_k`` (pykeops's ``TraceOperator``)."""
-        variables, (f, x) = self._wrt(v)
-        if f.dim != x.dim:
-            raise ValueError(f"trace_operator: the formula has dimension {f.dim}, the variable "
-                             f"{x.dim}; they must be equal")
-        terms = [ops.apply("slice", ir.substitute(f, {x: _basis(x.dim, k)}), params=(k, 1))
-                 for k in range(x.dim)]
-        return self._with_formula(_sum_nodes(terms), variables, [v])
 
-    def _wrt(self, v, *others):
-        """(variables, [self's node, v's variable, others' nodes]) with v a variable leaf."""
-        if not (isinstance(v, type(self)) and v.formula.op == "var" and len(v.variables) == 1):
-            raise ValueError("the variable must be a LazyTensor that wraps one array "
-                             "(Vi(x), Vj(y), Pm(p)), not a formula")
-        return self._merge_all([v, *others])
+        def build(f, x):
+            if f.dim != x.dim:
+                raise ValueError(f"trace_operator: the formula has dimension {f.dim}, the "
+                                 f"variable {x.dim}; they must be equal")
+            return _sum_nodes([ops.apply("slice", ir.substitute(f, {x: _basis(x.dim, k)}),
+                                         params=(k, 1)) for k in range(x.dim)])
+
+        return self._build(build, _leaf(v, "trace_operator"))
 
     # ------------------------------------------------------------------ splines and DTW
 
     def bspline(self, x, k: int = 0):
         """The B-spline basis of order ``k`` on the knots ``self`` (non-decreasing), at the
         scalar ``x``: a vector of dimension ``self.ndim - k - 1`` (pykeops's ``BSpline``)."""
-        x = x if isinstance(x, type(self)) else self._operand(x)
-        variables, (knots, t) = self._merge_all([x])
-        return self._with_formula(compose.bspline(knots, t, int(k)), variables, [x])
+        return self._build(lambda knots, t: compositions.bspline(knots, t, int(k)), x)
 
     def softdtw_sqdist(self, other, gamma):
         """Soft-DTW between the sequences ``self`` and ``other`` for the squared difference,
         smoothing ``gamma`` (pykeops's ``SoftDTW_SqDist``); differentiable in all three."""
-        lazies = [o if isinstance(o, type(self)) else self._operand(o) for o in (other, gamma)]
-        variables, (x, y, g) = self._merge_all(lazies)
-        return self._with_formula(compose.softdtw_sqdist(x, y, g), variables, lazies)
+        return self._build(compositions.softdtw_sqdist, other, gamma)
 
-    # ------------------------------------------------------------------ helpers
 
-    def _merge_all(self, others):
-        """Variables of ``self`` and ``others`` (shared ones once) and each one's node."""
-        variables, nodes = list(self.variables), [self.formula]
-        acc = self._new(self.formula, variables)
-        for o in others:
-            variables, node = acc._merged(o)
-            nodes.append(node)
-            acc = self._new(self.formula, variables)
-        return variables, nodes
-
-    def _with_formula(self, formula, variables, others=()):
-        out = self._new(formula, variables)
-        ranges = self.ranges
-        for o in others:
-            if isinstance(o, type(self)) and o.ranges is not None:
-                ranges = o.ranges
-        if ranges is not None:
-            out.ranges = ranges
-        return out
+def _leaf(v, what: str):
+    """``v``, checked to be a LazyTensor of one variable (what is differentiated)."""
+    if not (getattr(v, "formula", None) is not None and v.formula.op == "var"
+            and len(v.variables) == 1):
+        raise ValueError(f"{what}: the variable must be a LazyTensor that wraps one array "
+                         "(Vi(x), Vj(y), Pm(p)), not a formula")
+    return v
 
 
 def _divergence(f: ir.Node, x: ir.Node) -> ir.Node:

@@ -17,7 +17,7 @@ import numpy as np
 
 from . import engine
 from .binding import Variable, array_dtype, is_torch
-from .codegen import ir, ops, tensor_ops
+from .codegen import compositions, ir, ops
 from .errors import ArgumentTypeError
 from .genred import IGNORED_OPTIONS, keops_backend, reduction_options
 from .keops_methods import KeOpsMethods
@@ -62,7 +62,6 @@ def _canonical(x, axis):
     )
 
 
-_POW_OPS = {2.0: "square", 0.5: "sqrt", -0.5: "rsqrt"}  # x ** p for these p, as pykeops
 _matmul_formulas: dict = {}  # (K's formula, v's variable index, v's dim) -> K * v_j
 
 
@@ -191,6 +190,14 @@ class LazyTensor(KeOpsMethods):
         return variables, formula
 
     def _op(self, name, *others, params=()):
+        """``name(self, *others)`` for a registered op (numbers and arrays become
+        parameters, as in pykeops)."""
+        return self._build(lambda *nodes: ops.apply(name, *nodes, params=params), *others)
+
+    def _build(self, builder, *others):
+        """The LazyTensor of ``builder(self's formula, others' formulas)`` (a function of IR
+        nodes, such as the compositions of :mod:`lazytensor.codegen.compositions`), with
+        the operands' variables merged."""
         operands = [o if isinstance(o, LazyTensor) else self._operand(o) for o in others]
         variables, nodes = list(self.variables), [self.formula]
         acc = LazyTensor._new(self.formula, variables)
@@ -199,7 +206,7 @@ class LazyTensor(KeOpsMethods):
             nodes.append(node)
             acc = LazyTensor._new(self.formula, variables)
         try:
-            node = ops.apply(name, *nodes, params=params)
+            node = builder(*nodes)
         except ValueError as e:  # name the operands' variables, not just their dimensions
             described = "; ".join(_describe_operand(o) for o in (self, *operands))
             raise ValueError(f"{e}; operands: {described}") from None
@@ -259,14 +266,11 @@ class LazyTensor(KeOpsMethods):
         """``x ** p``: static int/float exponents (0.5 -> sqrt, -0.5 -> rsqrt, which is 0 at 0
         as in pykeops), or a formula (:meth:`powf`)."""
         if isinstance(p, numbers.Number) and not isinstance(p, bool):
-            p = float(p)
-            if p in _POW_OPS:
-                return self._op(_POW_OPS[p])
-            return self._op("pow", params=(p,))
+            return self._build(lambda f: compositions.power(f, p))
         return self.powf(p)
 
     def __rpow__(self, base):
-        return self._operand(base).powf(self)
+        return self._operand(base)._build(compositions.powf, self)
 
     def powf(self, p):
         """``self ** p`` for a formula exponent, as C ``pow``: for a negative base and an
@@ -276,11 +280,11 @@ class LazyTensor(KeOpsMethods):
         >>> Vi(x).powf(Vj(p)).sum(1)[:, 0].tolist()
         [-8.0, 27.0]
         """
-        return self._op("powf", p)
+        return self._build(compositions.powf, p)
 
     def __or__(self, o):
         """Dot product over the vector dimension: ``(x | y) = Σ_k x_k y_k``."""
-        return (self * o).sum(-1)
+        return self._build(compositions.dot, o)
 
     def __ror__(self, o):
         return LazyTensor(o) | self
@@ -435,10 +439,7 @@ class LazyTensor(KeOpsMethods):
 
     def round(self, d: int = 0):
         """Round half away from zero, to ``d`` decimals."""
-        if d == 0:
-            return self._op("round")
-        s = float(10 ** d)
-        return (self * s)._op("round") / s
+        return self._build(lambda f: compositions.round_to(f, d))
 
     def power(self, p):
         return self ** p
@@ -456,16 +457,16 @@ class LazyTensor(KeOpsMethods):
 
     def mod(self, modulus, offset=0):
         """``self - modulus * floor((self - offset) / modulus)``, in ``[offset, offset + modulus)``."""
-        return self - modulus * ((self - offset) / modulus).floor()
+        return self._build(compositions.mod, modulus, offset)
 
     def one_hot(self, D: int):
         return self._op("one_hot", params=(int(D),))
 
     def sqnorm2(self):
-        return (self * self).sum(-1)
+        return self._build(compositions.sqnorm2)
 
     def norm2(self):
-        return self.sqnorm2().sqrt()
+        return self._build(compositions.norm2)
 
     def norm(self, dim=-1):
         if dim not in (-1, self.nbatchdims + 2):
@@ -473,23 +474,19 @@ class LazyTensor(KeOpsMethods):
         return self.norm2()
 
     def normalize(self):
-        return self * self.sqnorm2().rsqrt()
+        return self._build(compositions.normalize)
 
     def sqdist(self, other):
-        return (self - other).sqnorm2()
+        return self._build(compositions.sqdist, other)
 
     def weightedsqnorm(self, s):
         """``Σ s_k x_k²`` (s of dim 1 or D) or ``xᵀ S x`` (s of dim D²)."""
         s = s if isinstance(s, LazyTensor) else LazyTensor(s)
-        D = self.formula.dim
-        if s.formula.dim in (1, D):
-            return (s * self * self).sum(-1)
-        if s.formula.dim == D * D:
-            return (self * s.matvecmult(self)).sum(-1)
-        raise ValueError(f"weightedsqnorm: weight of dimension {s.formula.dim} for vectors of dimension {D}")
+        return s._build(compositions.weightedsqnorm, self)
 
     def weightedsqdist(self, other, s):
-        return (self - other).weightedsqnorm(s)
+        s = s if isinstance(s, LazyTensor) else LazyTensor(s)
+        return s._build(compositions.weightedsqdist, self, other)
 
     def matvecmult(self, v):
         return self._op("matvec", v)
@@ -511,7 +508,7 @@ class LazyTensor(KeOpsMethods):
         >>> np.allclose(k[0], sum(np.kron(a[0].reshape(2, 3), c.reshape(2, 2)).ravel() for c in b))
         True
         """
-        return self._tensor_op(other, tensor_ops.kron, dimfself, dimfother)
+        return self._build(lambda a, b: compositions.kron(a, b, dimfself, dimfother), other)
 
     def keops_tensordot(self, other, dimfa, dimfb, contfa, contfb, *args):
         """``numpy.tensordot`` of two tensors stored row-major in the vector dimension.
@@ -527,21 +524,8 @@ class LazyTensor(KeOpsMethods):
         """
         if len(args) > 1:
             raise ValueError(f"keops_tensordot takes one permutation after contfb, got {args!r}")
-        return self._tensor_op(other, tensor_ops.tensordot, dimfa, dimfb, contfa, contfb, *args)
-
-    def _tensor_op(self, other, build, *shapes):
-        other = other if isinstance(other, LazyTensor) else self._operand(other)
-        variables, node = self._merged(other)
-        try:
-            formula = build(self.formula, node, *shapes)
-        except ValueError as e:
-            raise ValueError(f"{e}; operands: {_describe_operand(self)}; "
-                             f"{_describe_operand(other)}") from None
-        out = LazyTensor._new(formula, variables)
-        ranges = self.ranges if other.ranges is None else other.ranges
-        if ranges is not None:
-            out.ranges = ranges
-        return out
+        return self._build(
+            lambda a, b: compositions.tensordot(a, b, dimfa, dimfb, contfa, contfb, *args), other)
 
     def difference_matrix(self, other):
         """``(x_k - y_l)`` for all k, l: an (D1*D2)-vector (row-major)."""

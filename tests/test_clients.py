@@ -91,9 +91,11 @@ def _clouds(generator, B, N, M, dtype=torch.float32, shared=0):
 @pytest.mark.skipif(geomloss_missing, reason="geomloss is not installed (pip install -e '.[test]')")
 @pytest.mark.parametrize("loss, kw, dtype, rtol", [
     ("sinkhorn", {"p": 2, "blur": 0.05}, torch.float32, 1e-4),
-    # the dense |x - y| is clamped at 1e-4, so the debiasing terms' diagonal is off by that
+    # the dense |x - y| is clamped at 1e-4: the diagonal of the x-x and y-y terms is off by
+    # that (about 1e-4 (1/N + 1/M) / 2 on the energy distance)
     ("sinkhorn", {"p": 1, "blur": 0.1}, torch.float32, 1e-3),
-    ("gaussian", {"blur": 0.1}, torch.float32, 1e-4), ("energy", {}, torch.float32, 1e-4)])
+    ("energy", {}, torch.float32, 1e-3),
+    ("gaussian", {"blur": 0.1}, torch.float32, 1e-4)])
 def test_geomloss_online_matches_tensorized_batched(clients, loss, kw, dtype, rtol, rng):
     g = torch.Generator().manual_seed(int(rng.integers(2**31)))
     x, y = _clouds(g, 3, 150, 120, dtype)
