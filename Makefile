@@ -25,7 +25,7 @@ test: $(STAMP)
 # The pykeops drop-in alone (also part of `make test`): pykeops's own test files through the
 # alias, the alias and the API it needs, geomloss and GPyTorch on lazytensor.
 test-compat: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -rx tests/test_compat_pykeops.py \
+	$(PY) -m pytest -q -p no:cacheprovider -rx tests/test_compat_pykeops.py tests/test_keops_api.py \
 		tests/test_pykeops_suite.py tests/test_clients.py
 
 bench: $(STAMP)
