@@ -116,6 +116,9 @@ class KeOpsMethods:
         operands = [other, self] if rversion else [self, other]
         options = [] if opt_arg is None else [opt_arg]
         if options and opt_pos == "middle":
+            if not isinstance(opt_arg, type(self)):
+                raise TypeError(f"{operation}: opt_pos='middle' takes a LazyTensor opt_arg, got "
+                                f"{type(opt_arg).__name__}")
             operands, options = [operands[0], options[0], operands[1]], []
         return self._named(operation, operands, options, dimres, operator=is_operator,
                            is_complex=is_complex)

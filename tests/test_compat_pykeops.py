@@ -57,6 +57,13 @@ def test_pykeops_names_are_lazytensor_objects(installed):
     assert pykeops.config.gpu_available == torch.cuda.is_available()
 
 
+def test_complex_lazytensor_imports_and_refuses_clearly(installed):
+    from pykeops.numpy import ComplexLazyTensor
+
+    with pytest.raises(NotImplementedError, match="complex data is not supported"):
+        ComplexLazyTensor(np.ones((3, 1, 1), dtype=complex))
+
+
 def test_keopscore_flags_that_clients_set(installed):
     import keopscore
     import keopscore.config

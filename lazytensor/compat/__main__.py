@@ -21,7 +21,7 @@ lazytensor.compat: run code written for pykeops on lazytensor
 Aliased modules (pykeops {version} API):
 {modules}
 
-Not covered yet: ComplexLazyTensor and complex data, float16 inputs, torch.func
+Not covered yet: complex data (ComplexLazyTensor imports, and raises), float16 inputs, torch.func
 transforms (vmap, jvp, jacfwd, ...) of reductions, torch.compile of reductions.
 install() refuses (PykeopsAlreadyImported) when the real pykeops is already imported;
 uninstall() removes the alias. The kernels live in lazytensor's cache
