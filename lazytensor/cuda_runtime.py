@@ -220,7 +220,12 @@ def get_cuda_kernel(spec: KernelSpec, device) -> CudaKernel:
 
 def _cubin(spec: KernelSpec, index: int) -> bytes:
     from .cache import default_cache
-    from .codegen.compilers import CompilerNotFound, compile_cuda, cuda_identity
+    from .codegen.compilers import (
+        CompilerNotFound,
+        build_lock_timeout,
+        compile_cuda,
+        cuda_identity,
+    )
     from .cuda_driver import driver
 
     major, minor = driver().compute_capability(index)
@@ -232,8 +237,8 @@ def _cubin(spec: KernelSpec, index: int) -> bytes:
                            "the CUDA toolkit, or move the inputs to the CPU with .cpu()") from e
     key = spec.key("cuda", identity)
     cache = default_cache()
-    path = cache.lookup(key, "kernel.cubin")
-    if path is None:
+    binary = cache.read(key, "kernel.cubin")
+    if binary is None:
         def build(tmpdir):
             from .codegen.render_cuda import render_cuda_kernel
 
@@ -247,10 +252,10 @@ def _cubin(spec: KernelSpec, index: int) -> bytes:
             return {"reduction": spec.reduction, "dtype": spec.dtype, "arch": arch,
                     "formula": ir.to_text(spec.formula)[:500]}
 
-        path = cache.get_or_build(key, build, "kernel.cubin")
+        binary = cache.read_or_build(key, build, "kernel.cubin", lock_timeout=build_lock_timeout())
     elif _debug():
-        print(f"[lazytensor] loaded CUDA kernel {key} from {path}", file=sys.stderr)
-    return path.read_bytes()
+        print(f"[lazytensor] loaded CUDA kernel {key} from {binary.path}", file=sys.stderr)
+    return binary.data  # exactly the bytes the cache verified
 
 
 # ---------------------------------------------------------------------------- launch
