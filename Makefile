@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYCUDA := $(VENV)/.pycuda
 
-.PHONY: demo test test-cuda test-distributed bench gpu-check lint clean
+.PHONY: demo test test-cuda test-distributed test-compat bench gpu-check lint clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,12 @@ $(PYCUDA): $(STAMP) tools/build_pycuda.py
 # several processes: gloo ranks on loopback, a Dask LocalCluster (about a minute)
 test-distributed: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m distributed tests
+
+# The pykeops drop-in alone (also part of `make test`): pykeops's own test files through the
+# alias, the alias and the API it needs, geomloss and GPyTorch on lazytensor.
+test-compat: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -rx tests/test_compat_pykeops.py tests/test_keops_api.py \
+		tests/test_pykeops_suite.py tests/test_clients.py
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.bench
