@@ -20,7 +20,7 @@ from .binding import Variable, array_dtype, is_torch
 from .codegen import compositions, ir, ops
 from .distributed import context as distributed_context
 from .errors import ArgumentTypeError
-from .genred import IGNORED_OPTIONS, gpu_options, keops_backend, reduction_options
+from .genred import IGNORED_OPTIONS, gpu_options, reduction_options
 from .keops_methods import KeOpsMethods
 
 
