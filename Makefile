@@ -5,7 +5,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYCUDA := $(VENV)/.pycuda
 
-.PHONY: demo test test-cuda bench gpu-check lint clean tutorials tutorials-save docs
+.PHONY: demo test test-cuda test-distributed test-compat bench gpu-check lint clean tutorials \
+	tutorials-save docs
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +26,7 @@ demo: $(STAMP)
 # a target of their own. Without nvcc they are skipped, saying why.
 test: $(STAMP)
 	@echo "make test: the suite takes about 10 minutes on 2 cores; skipped groups are summarized at the end"
-	$(PY) -m pytest -q -p no:cacheprovider -m "not cuda" tests
+	$(PY) -m pytest -q -p no:cacheprovider -m "not cuda and not distributed" tests
 
 test-cuda: $(PYCUDA)
 	$(PY) -m pytest -q -p no:cacheprovider -m cuda tests
@@ -34,6 +35,16 @@ test-cuda: $(PYCUDA)
 $(PYCUDA): $(STAMP) tools/build_pycuda.py
 	$(PY) -m tools.build_pycuda
 	touch $(PYCUDA)
+
+# several processes: gloo ranks on loopback, a Dask LocalCluster (about a minute)
+test-distributed: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m distributed tests
+
+# The pykeops drop-in alone (also part of `make test`): pykeops's own test files through the
+# alias, the alias and the API it needs, geomloss and GPyTorch on lazytensor.
+test-compat: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -rx tests/test_compat_pykeops.py tests/test_keops_api.py \
+		tests/test_pykeops_suite.py tests/test_clients.py
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.bench
