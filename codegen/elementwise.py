@@ -4,11 +4,15 @@ An elementwise op is a few lines: its scalar expression (a sympy expression in
 ``a0, a1, ...``, or a C template where the C needs care), its reference, and, when
 sympy's derivative is not the numerically best form, its partial derivatives as IR.
 The VJP and JVP rules are derived from the partial derivatives once, for all of them.
+Each :func:`define` registers one :class:`~lazytensor.codegen.ops.OpDef` that keeps the
+definition; :data:`ELEMENTWISE` lists them by name.
 
 >>> from lazytensor.codegen import ir, ops
 >>> x = ir.var(0, 2, "i")
 >>> ops.apply("sigmoid", x).dim
 2
+>>> ELEMENTWISE["sigmoid"] is ops.get("sigmoid")
+True
 """
 
 from __future__ import annotations
@@ -18,7 +22,10 @@ import operator
 from typing import Callable, Optional
 
 from . import ir
-from .ops import OpDef, apply, broadcast_dim, c_literal, elem, register
+from .evaluate import evaluate
+from .ops import OpDef, apply, broadcast_dim, c_literal, elem, get, register
+
+ELEMENTWISE: dict[str, OpDef] = {}  # the ops defined here (and by users), by name
 
 
 def _vjp_from_partials(node: ir.Node, g: ir.Node):
@@ -50,9 +57,9 @@ def _jvp_from_partials(node: ir.Node, tangents):
 
 def partial_derivatives(node: ir.Node) -> list:
     """``[∂node/∂arg_k]`` as IR (None where the op has no derivative in that argument)."""
-    opdef = ELEMENTWISE[node.op]
-    if opdef.derivs is not None:
-        return list(opdef.derivs(*node.args, *node.params))
+    opdef = get(node.op)
+    if opdef.partials is not None:
+        return list(opdef.partials(*node.args, *node.params))
     if opdef.sym is None:
         return [None] * len(node.args)
     return _sympy_partials(node.op, node.params, node.args)
@@ -71,7 +78,7 @@ def _sympy_derivative_exprs(name, params):
 
     from . import sympy_bridge
 
-    opdef = ELEMENTWISE[name]
+    opdef = get(name)
     syms = sympy_bridge.symbols(opdef.arity)
     expr = opdef.sym(*syms, *params)
     out = []
@@ -82,39 +89,23 @@ def _sympy_derivative_exprs(name, params):
     return out
 
 
-class ElementwiseDef:
-    """Source description of an elementwise op (kept for its derivative and C text)."""
-
-    def __init__(self, name, arity, sym=None, c=None, ref=None, derivs=None):
-        self.name, self.arity, self.sym, self.c, self.ref, self.derivs = (
-            name,
-            arity,
-            sym,
-            c,
-            ref,
-            derivs,
-        )
-
-
-ELEMENTWISE: dict[str, ElementwiseDef] = {}
-
-
-def _c_text(edef: ElementwiseDef, dtype: str, arg_texts, params) -> str:
-    if edef.c is not None:
-        return edef.c(dtype, *arg_texts, *params)
-    return _sympy_c_text(edef.name, dtype, tuple(arg_texts), params)
+def _c_text(name: str, dtype: str, arg_texts, params) -> str:
+    opdef = get(name)
+    if opdef.c is not None:
+        return opdef.c(dtype, *arg_texts, *params)
+    return _sympy_c_text(name, dtype, tuple(arg_texts), params)
 
 
 @functools.lru_cache(maxsize=4096)
 def _sympy_c_text(name, dtype, arg_texts, params):
     from . import sympy_bridge
 
-    edef = ELEMENTWISE[name]
-    expr = edef.sym(*sympy_bridge.symbols(edef.arity), *params)
+    opdef = get(name)
+    expr = opdef.sym(*sympy_bridge.symbols(opdef.arity), *params)
     return sympy_bridge.c_expression(expr, dtype, list(arg_texts))
 
 
-def _lambdified_ref(edef: ElementwiseDef):
+def _lambdified_ref(name: str, arity: int):
     @functools.cache
     def compiled(xp_name, params):
         import sympy
@@ -131,17 +122,17 @@ def _lambdified_ref(edef: ElementwiseDef):
             "ceiling": xp.ceil, "sign": xp.sign, "Abs": xp.abs, "abs": xp.abs, "pi": xp.pi,
             "E": 2.718281828459045,
         }  # fmt: skip
-        syms = sympy_bridge.symbols(edef.arity)
-        expr = edef.sym(*syms, *params)
+        syms = sympy_bridge.symbols(arity)
+        expr = get(name).sym(*syms, *params)
         # Through the IR first: Piecewise, Max/Min, Heaviside, Mod then follow the ops'
         # references (lambdify would print them as Python `if`/`max`, which fail on arrays).
-        placeholders = [ir.var(k, 1, "i") for k in range(edef.arity)]
+        placeholders = [ir.var(k, 1, "i") for k in range(arity)]
         try:
             node = sympy_bridge.to_ir(expr, placeholders)
         except (NotImplementedError, TypeError):
             node = None
-        if node is not None and edef.name not in set(ir.iter_ops(node)):
-            return lambda *arrays: _evaluate_ir(node, placeholders, arrays, xp)
+        if node is not None and name not in set(ir.iter_ops(node)):
+            return lambda *arrays: _evaluate_ir(node, arrays, xp)
         return sympy.lambdify(syms, expr, modules=[table])
 
     def ref(xp, arrays, params):
@@ -150,20 +141,10 @@ def _lambdified_ref(edef: ElementwiseDef):
     return ref
 
 
-def _evaluate_ir(node: ir.Node, placeholders, arrays, xp):
-    """Value of a scalar IR expression in ``placeholders`` bound to ``arrays`` (broadcast)."""
-    from .ops import get
-
-    like = arrays[0]
-    memo = {id(p): a for p, a in zip(placeholders, arrays)}
-    for n in ir.topo_order(node):
-        if id(n) in memo:
-            continue
-        if n.op == "const":
-            memo[id(n)] = xp.asarray(list(n.params), like)
-        else:
-            memo[id(n)] = get(n.op).ref(xp, [memo[id(a)] for a in n.args], n.params)
-    out = memo[id(node)]
+def _evaluate_ir(node: ir.Node, arrays, xp):
+    """Value of a scalar IR expression in the placeholders ``Vi(k, 1)`` bound to
+    ``arrays[k]``, with the arguments' broadcast shape."""
+    out = evaluate(node, dict(enumerate(arrays)), xp, like=arrays[0])
     for a in arrays:  # a constant or one-argument result still takes the broadcast shape
         out = xp.where(a == a, out, out)
     return out
@@ -176,43 +157,39 @@ def define(
     c: Optional[Callable] = None,
     ref: Optional[Callable] = None,
     derivs: Optional[Callable] = None,
-    sympy_func=None,
+    sympy_func: Optional[str] = None,
     differentiable: bool = True,
     doc: str = "",
+    keops: tuple = (),
+    method: Optional[str] = None,
 ) -> OpDef:
     """Register an elementwise op.
 
     ``sym(a0, ..., *params)`` returns its sympy expression; ``c(dtype, a0, ..., *params)``
     optionally overrides its C text; ``ref(xp, arrays, params)`` its reference;
-    ``derivs(a0, ..., *params)`` its partial derivatives as IR (default: sympy's).
+    ``derivs(a0, ..., *params)`` its partial derivatives as IR (default: sympy's);
+    ``keops`` its names in formula strings, ``method`` its ``LazyTensor`` method.
     """
-    edef = ElementwiseDef(name, arity, sym, c, ref, derivs)
     if not differentiable:
-        edef.derivs = lambda *a: [None] * arity
-    ELEMENTWISE[name] = edef
+        derivs = lambda *a: [None] * arity  # noqa: E731
 
     def emit(node, out, args, dtype):
         dims = [a.dim for a in node.args]
         texts = [elem(a, d, "k") for a, d in zip(args, dims)]
-        expr = _c_text(edef, dtype, texts, node.params)
+        expr = _c_text(node.op, dtype, texts, node.params)
         if node.dim == 1:
             return f"{out}[0] = {expr};"
         return f"for (int k = 0; k < {node.dim}; ++k) {out}[k] = {expr};"
 
-    return register(
-        OpDef(
-            name=name,
-            arity=arity,
-            dim_rule=broadcast_dim(name),
-            emit=emit,
-            ref=ref if ref is not None else _lambdified_ref(edef),
-            vjp=_vjp_from_partials,
-            jvp=_jvp_from_partials,
-            sympy_func=sympy_func,
-            differentiable=differentiable,
-            doc=doc,
-        )
-    )
+    opdef = register(OpDef(
+        name=name, arity=arity, dim_rule=broadcast_dim(name), emit=emit,
+        ref=ref if ref is not None else _lambdified_ref(name, arity),
+        vjp=_vjp_from_partials, jvp=_jvp_from_partials, sympy_func=sympy_func,
+        differentiable=differentiable, doc=doc, keops=tuple(keops), method=method,
+        elementwise=True, sym=sym, c=c, partials=derivs,
+    ))
+    ELEMENTWISE[name] = opdef
+    return opdef
 
 
 # ------------------------------------------------------------------ helpers for rules
@@ -252,17 +229,21 @@ def _nan_guard(expr: str, *args: str) -> str:
 # ------------------------------------------------------------------ arithmetic
 
 define("add", 2, sym=lambda a, b: a + b, c=lambda dt, a, b: f"({a} + {b})",
-       ref=lambda xp, t, p: t[0] + t[1], derivs=lambda a, b: [_c(1), _c(1)])
+       ref=lambda xp, t, p: t[0] + t[1], derivs=lambda a, b: [_c(1), _c(1)],
+       keops=("Add",), method="__add__")
 define("sub", 2, sym=lambda a, b: a - b, c=lambda dt, a, b: f"({a} - {b})",
-       ref=lambda xp, t, p: t[0] - t[1], derivs=lambda a, b: [_c(1), _c(-1)])
+       ref=lambda xp, t, p: t[0] - t[1], derivs=lambda a, b: [_c(1), _c(-1)],
+       keops=("Subtract",), method="__sub__")
 define("mul", 2, sym=lambda a, b: a * b, c=lambda dt, a, b: f"({a} * {b})",
-       ref=lambda xp, t, p: t[0] * t[1], derivs=lambda a, b: [b, a])
+       ref=lambda xp, t, p: t[0] * t[1], derivs=lambda a, b: [b, a],
+       keops=("Mult",), method="__mul__")
 define("div", 2, sym=lambda a, b: a / b, c=lambda dt, a, b: f"({a} / {b})",
        ref=lambda xp, t, p: t[0] / t[1],
        derivs=lambda a, b: [apply("pow", b, params=(-1.0,)),
-                            apply("neg", apply("div", a, apply("mul", b, b)))])
+                            apply("neg", apply("div", a, apply("mul", b, b)))],
+       keops=("Divide",), method="__truediv__")
 define("neg", 1, sym=lambda a: -a, c=lambda dt, a: f"(-{a})",
-       ref=lambda xp, t, p: -t[0], derivs=lambda a: [_c(-1)])
+       ref=lambda xp, t, p: -t[0], derivs=lambda a: [_c(-1)], keops=("Minus",), method="__neg__")
 
 
 def _pow_c(dtype, a, p):
@@ -299,19 +280,21 @@ define("pow", 1, sym=lambda a, p: a ** p, c=_pow_c, ref=_pow_ref,
 define("ifelse", 3, c=lambda dt, c, a, b: f"({c} >= 0 ? {a} : {b})",
        ref=lambda xp, t, p: xp.where(t[0] >= 0, t[1], t[2]),
        derivs=lambda c, a, b: [None, _step(c), apply("sub", _c(1), _step(c))],
-       doc="a where c >= 0, else b (as pykeops)")
+       doc="a where c >= 0, else b (as pykeops)", keops=("IfElse",), method="ifelse")
 # step and relu return literal zeros: `a * 0` would turn -inf into NaN (relu(-inf) = 0).
 define("step", 1, sym=lambda a: _sp("Heaviside")(a),
        c=lambda dt, a: f"({a} < 0 ? (T)0 : ({a} == {a} ? (T)1 : {a}))",
        ref=lambda xp, t, p: xp.where(t[0] != t[0], t[0], xp.as_float(t[0] >= 0, t[0])),
-       differentiable=False, doc="1 where a >= 0, 0 where a < 0, NaN for NaN (step(0) = 1)")
+       differentiable=False, doc="1 where a >= 0, 0 where a < 0, NaN for NaN (step(0) = 1)",
+       keops=("Step",), method="step")
 define("sign", 1, sym=lambda a: _sp("sign")(a), sympy_func="sign",
-       ref=_np("sign"), differentiable=False)
+       ref=_np("sign"), differentiable=False, keops=("Sign",), method="sign")
 define("relu", 1, c=lambda dt, a: f"({a} < 0 ? (T)0 : {a})",
        ref=lambda xp, t, p: xp.where(t[0] < 0, xp.zeros_like(t[0]), t[0]),
-       derivs=lambda a: [apply("sub", _c(1), _step(apply("neg", a)))])
+       derivs=lambda a: [apply("sub", _c(1), _step(apply("neg", a)))], keops=("ReLU",),
+       method="relu")
 define("abs", 1, c=_fn("fabs"), ref=_np("abs"), sympy_func="Abs",
-       derivs=lambda a: [apply("sign", a)])
+       derivs=lambda a: [apply("sign", a)], keops=("Abs",), method="abs")
 define("min2", 2, c=lambda dt, a, b: _nan_guard(f"({a} <= {b} ? {a} : {b})", a, b),
        ref=_np("minimum"),
        derivs=lambda a, b: [_step(apply("sub", b, a)), apply("sub", _c(1), _step(apply("sub", b, a)))])
@@ -324,71 +307,82 @@ define("clamp", 3, c=lambda dt, x, a, b: f"({x} < {a} ? {a} : ({x} > {b} ? {b} :
            apply("mul", _step(apply("sub", x, a)), _step(apply("sub", b, x))),
            apply("sub", _c(1), _step(apply("sub", x, a))),
            apply("mul", _step(apply("sub", x, a)), apply("sub", _c(1), _step(apply("sub", b, x)))),
-       ], doc="x clamped to [a, b]")
+       ], doc="x clamped to [a, b]", keops=("Clamp",), method="clamp")
 
 _COMPARISONS = {"eq": ("==", operator.eq), "ne": ("!=", operator.ne), "lt": ("<", operator.lt),
                 "gt": (">", operator.gt), "le": ("<=", operator.le), "ge": (">=", operator.ge)}
 for _name, (_op, _pyop) in _COMPARISONS.items():
     define(_name, 2, c=lambda dt, a, b, _op=_op: f"(({a} {_op} {b}) ? (T)1 : (T)0)",
            ref=lambda xp, t, p, _pyop=_pyop: xp.as_float(_pyop(t[0], t[1]), t[0]),
-           differentiable=False, doc=f"1.0 where a {_op} b, else 0.0")
+           differentiable=False, doc=f"1.0 where a {_op} b, else 0.0", method=f"__{_name}__")
 
-define("floor", 1, c=_fn("floor"), ref=_np("floor"), sympy_func="floor", differentiable=False)
-define("ceil", 1, c=_fn("ceil"), ref=_np("ceil"), sympy_func="ceiling", differentiable=False)
+define("floor", 1, c=_fn("floor"), ref=_np("floor"), sympy_func="floor", differentiable=False,
+       keops=("Floor",), method="floor")
+define("ceil", 1, c=_fn("ceil"), ref=_np("ceil"), sympy_func="ceiling", differentiable=False,
+       keops=("Ceil",), method="ceil")
 define("round", 1, c=_fn("round"), differentiable=False,
        ref=lambda xp, t, p: xp.sign(t[0]) * xp.floor(xp.abs(t[0]) + 0.5),
-       doc="round half away from zero, as C round()")
+       doc="round half away from zero, as C round()", method="round")
 
 # ------------------------------------------------------------------ transcendental functions
 
-for _name, _sym, _np_name, _cname in (
-    ("exp", "exp", "exp", "exp"), ("log", "log", "log", "log"), ("sqrt", "sqrt", "sqrt", "sqrt"),
-    ("sin", "sin", "sin", "sin"), ("cos", "cos", "cos", "cos"), ("tan", "tan", "tan", "tan"),
-    ("sinh", "sinh", "sinh", "sinh"), ("cosh", "cosh", "cosh", "cosh"),
-    ("asin", "asin", "arcsin", "asin"), ("acos", "acos", "arccos", "acos"),
-    ("atan", "atan", "arctan", "atan"), ("asinh", "asinh", "arcsinh", "asinh"),
-    ("acosh", "acosh", "arccosh", "acosh"), ("atanh", "atanh", "arctanh", "atanh"),
-    ("erf", "erf", "erf", "erf"), ("erfc", "erfc", "erfc", "erfc"),
+# name (also the sympy function, the C function and the LazyTensor method), NumPy name
+for _name, _np_name in (
+    ("exp", "exp"), ("log", "log"), ("sqrt", "sqrt"), ("sin", "sin"), ("cos", "cos"),
+    ("tan", "tan"), ("sinh", "sinh"), ("cosh", "cosh"), ("asin", "arcsin"), ("acos", "arccos"),
+    ("atan", "arctan"), ("asinh", "arcsinh"), ("acosh", "arccosh"), ("atanh", "arctanh"),
+    ("erf", "erf"), ("erfc", "erfc"),
 ):  # fmt: skip
-    define(_name, 1, sym=_sp(_sym), c=_fn(_cname), ref=_np(_np_name), sympy_func=_sym)
+    define(_name, 1, sym=_sp(_name), c=_fn(_name), ref=_np(_np_name), sympy_func=_name,
+           keops=(_name.capitalize(),), method=_name)
 
-define("atan2", 2, sym=_sp("atan2"), c=_fn("atan2"), ref=_np("arctan2"), sympy_func="atan2")
+define("atan2", 2, sym=_sp("atan2"), c=_fn("atan2"), ref=_np("arctan2"), sympy_func="atan2",
+       keops=("Atan2",), method="atan2")
 define("tanh", 1, sym=_sp("tanh"), c=_fn("tanh"), ref=_np("tanh"), sympy_func="tanh",
-       derivs=lambda a: [apply("sub", _c(1), apply("square", apply("tanh", a)))])
+       derivs=lambda a: [apply("sub", _c(1), apply("square", apply("tanh", a)))],
+       keops=("Tanh",), method="tanh")
 define("log1p", 1, sym=lambda a: _sp("log")(1 + a), c=_fn("log1p"), ref=_np("log1p"),
-       derivs=lambda a: [apply("pow", apply("add", _c(1), a), params=(-1.0,))])
+       derivs=lambda a: [apply("pow", apply("add", _c(1), a), params=(-1.0,))],
+       keops=("Log1p",), method="log1p")
 define("expm1", 1, sym=lambda a: _sp("exp")(a) - 1, c=_fn("expm1"), ref=_np("expm1"),
-       derivs=lambda a: [apply("exp", a)])
+       derivs=lambda a: [apply("exp", a)], keops=("Expm1",), method="expm1")
 define("square", 1, sym=lambda a: a * a, c=lambda dt, a: f"({a} * {a})",
-       ref=lambda xp, t, p: t[0] * t[0], derivs=lambda a: [apply("mul", _c(2), a)])
+       ref=lambda xp, t, p: t[0] * t[0], derivs=lambda a: [apply("mul", _c(2), a)],
+       keops=("Square",), method="square")
 define("inv", 1, sym=lambda a: 1 / a, c=lambda dt, a: f"((T)1 / {a})",
-       ref=lambda xp, t, p: 1 / t[0], derivs=lambda a: [apply("neg", apply("pow", a, params=(-2.0,)))])
+       ref=lambda xp, t, p: 1 / t[0], derivs=lambda a: [apply("neg", apply("pow", a, params=(-2.0,)))],
+       keops=("Inv",), method="inv")
 define("rsqrt", 1, sym=lambda a: a ** _sp("Rational")(-1, 2),
        c=lambda dt, a: f"((T)1 / {_fn('sqrt')(dt, a)})", ref=lambda xp, t, p: 1 / xp.sqrt(t[0]),
-       derivs=lambda a: [apply("mul", _c(-0.5), apply("pow", a, params=(-1.5,)))])
+       derivs=lambda a: [apply("mul", _c(-0.5), apply("pow", a, params=(-1.5,)))],
+       keops=("Rsqrt",), method="rsqrt")
 define("sigmoid", 1, sym=lambda a: 1 / (1 + _sp("exp")(-a)),
        c=lambda dt, a: f"((T)1 / ((T)1 + {_fn('exp')(dt, '-' + a)}))",
        ref=lambda xp, t, p: 1 / (1 + xp.exp(-t[0])),
-       derivs=lambda a: [apply("mul", apply("sigmoid", a), apply("sub", _c(1), apply("sigmoid", a)))])
+       derivs=lambda a: [apply("mul", apply("sigmoid", a), apply("sub", _c(1), apply("sigmoid", a)))],
+       keops=("Sigmoid",), method="sigmoid")
 define("softplus", 1, sym=lambda a: _sp("log")(1 + _sp("exp")(a)),
        c=lambda dt, a: f"({a} > 0 ? {a} + {_fn('log1p')(dt, _fn('exp')(dt, '-' + a))} : "
                        f"{_fn('log1p')(dt, _fn('exp')(dt, a))})",
        ref=lambda xp, t, p: xp.maximum(t[0], xp.zeros_like(t[0])) + xp.log1p(xp.exp(-xp.abs(t[0]))),
-       derivs=lambda a: [apply("sigmoid", a)], doc="log(1 + exp(a)), overflow-free")
+       derivs=lambda a: [apply("sigmoid", a)], doc="log(1 + exp(a)), overflow-free",
+       keops=("Softplus",), method="softplus")
 define("logsigmoid", 1, sym=lambda a: -_sp("log")(1 + _sp("exp")(-a)),
        c=lambda dt, a: f"(-({a} < 0 ? -{a} + {_fn('log1p')(dt, _fn('exp')(dt, a))} : "
                        f"{_fn('log1p')(dt, _fn('exp')(dt, '-' + a))}))",
        ref=lambda xp, t, p: -(xp.maximum(-t[0], xp.zeros_like(t[0])) + xp.log1p(xp.exp(-xp.abs(t[0])))),
-       derivs=lambda a: [apply("sigmoid", apply("neg", a))])
+       derivs=lambda a: [apply("sigmoid", apply("neg", a))], keops=("LogSigmoid",),
+       method="logsigmoid")
 define("xlogx", 1, sym=lambda a: a * _sp("log")(a),
        c=lambda dt, a: f"({a} == 0 ? (T)0 : {a} * {_fn('log')(dt, a)})",
        ref=lambda xp, t, p: xp.where(t[0] == 0, 0 * t[0], t[0] * xp.log(xp.where(t[0] == 0, 1 + 0 * t[0], t[0]))),
-       derivs=lambda a: [apply("add", apply("log", a), _c(1))], doc="x log x, 0 at 0")
+       derivs=lambda a: [apply("add", apply("log", a), _c(1))], doc="x log x, 0 at 0",
+       keops=("XLogX",), method="xlogx")
 define("sinxdivx", 1, sym=lambda a: _sp("sin")(a) / a,
        c=lambda dt, a: f"({a} == 0 ? (T)1 : {_fn('sin')(dt, a)} / {a})",
        ref=lambda xp, t, p: xp.where(t[0] == 0, 1 + 0 * t[0], xp.sin(t[0]) / xp.where(t[0] == 0, 1 + 0 * t[0], t[0])),
        derivs=lambda a: [_sinxdivx_derivative(a)],
-       doc="sin(x)/x, 1 at 0")
+       doc="sin(x)/x, 1 at 0", keops=("SinXDivX",), method="sinxdivx")
 
 
 def _sinxdivx_derivative(a):

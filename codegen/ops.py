@@ -1,21 +1,25 @@
-"""The op registry: one entry per op holds everything about it.
+"""The op registry: one record per op holds everything about it.
 
 An :class:`OpDef` has the op's name, arity, dimension rule, C emission, reference
-(NumPy/torch through :mod:`lazytensor.codegen.arraymath`), VJP rule and JVP rule. Elementwise
-scalar functions are defined by a sympy expression (see :mod:`lazytensor.codegen.elementwise`);
-vector ops (sums over the vector dimension, slices, products) are defined in
-:mod:`lazytensor.codegen.vector_ops` and emitted as loops.
+(NumPy/torch through :mod:`lazytensor.codegen.arraymath`), VJP and JVP rules, the names it
+has in formula strings and as a ``LazyTensor`` method, and, for scalar elementwise
+functions, their definition (a sympy expression, an optional C template, optional
+partial derivatives). The records are registered when :mod:`lazytensor.codegen` is
+imported: :mod:`lazytensor.codegen.elementwise` (scalar functions) and
+:mod:`lazytensor.codegen.vector_ops` (structure over the vector dimension, emitted as
+loops). This module only holds the record type and the registry; it imports neither.
 
 >>> from lazytensor.codegen import ir
 >>> x = ir.var(0, 3, "i")
 >>> apply("exp", x).dim
 3
+>>> get("exp").keops, get("exp").method
+(('Exp',), 'exp')
 """
 
 from __future__ import annotations
 
-import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 from . import ir
@@ -25,19 +29,37 @@ EmitFn = Callable[[ir.Node, str, list, str], str]
 
 @dataclass(frozen=True)
 class OpDef:
-    """Everything about one op. ``arity=None`` means variadic."""
+    """Everything about one op. ``arity=None`` means variadic.
+
+    ``emit(node, out, args, dtype)`` returns C statements filling ``out[0..dim)``;
+    ``ref(xp, arrays, params)`` is the reference on arrays whose last axis is the vector;
+    ``vjp(node, g)`` gives one cotangent (Node or None) per argument, ``jvp(node,
+    tangents)`` the tangent of the node (or None). ``keops`` lists the names the op has in
+    formula strings when it is called there as ``Name(f, g, ...)`` (formulas only, no
+    static parameters); ``method`` is the ``LazyTensor`` method that builds it.
+
+    Elementwise scalar functions also keep their definition: ``sym(a0, ..., *params)``
+    (sympy expression), ``c(dtype, a0, ..., *params)`` (C text, when the printed sympy
+    expression is not the best C) and ``partials(a0, ..., *params)`` (partial
+    derivatives as IR, when sympy's are not the numerically best form).
+    """
 
     name: str
     arity: Optional[int]
     dim_rule: Callable[[tuple, tuple], int]
-    emit: EmitFn  # (node, out_name, arg_names, dtype) -> C statements filling out[0..dim)
-    ref: Callable  # (xp, arrays, params) -> array, vector dimension last
-    vjp: Optional[Callable] = None  # (node, g) -> list of cotangents (Node | None) per arg
-    jvp: Optional[Callable] = None  # (node, tangents) -> tangent Node | None
-    sympy_func: object = None  # sympy function class this op corresponds to, if any
+    emit: EmitFn
+    ref: Callable
+    vjp: Optional[Callable] = None
+    jvp: Optional[Callable] = None
+    sympy_func: Optional[str] = None  # name of the sympy function it translates ("Abs")
     differentiable: bool = True
     doc: str = ""
-    extra: dict = field(default_factory=dict)
+    keops: tuple = ()
+    method: Optional[str] = None
+    elementwise: bool = False
+    sym: Optional[Callable] = None
+    c: Optional[Callable] = None
+    partials: Optional[Callable] = None
 
 
 REGISTRY: dict[str, OpDef] = {}
@@ -45,24 +67,21 @@ _SYMPY_FUNCS: dict[str, str] = {}
 
 
 def register(opdef: OpDef) -> OpDef:
+    """Add ``opdef`` to the registry (replacing an op of the same name)."""
     REGISTRY[opdef.name] = opdef
     if opdef.sympy_func is not None:
-        _SYMPY_FUNCS[_sympy_name(opdef.sympy_func)] = opdef.name
+        _SYMPY_FUNCS[opdef.sympy_func] = opdef.name
     return opdef
-
-
-def _sympy_name(func) -> str:
-    return func if isinstance(func, str) else getattr(func, "__name__", str(func))
 
 
 def op_for_sympy_function(func) -> Optional[str]:
     """Name of the registered op for a sympy function class (exp -> "exp")."""
-    _ensure_loaded()
-    return _SYMPY_FUNCS.get(_sympy_name(func))
+    name = func if isinstance(func, str) else getattr(func, "__name__", str(func))
+    return _SYMPY_FUNCS.get(name)
 
 
 def get(name: str) -> OpDef:
-    _ensure_loaded()
+    """The record of op ``name``; ValueError for an unknown name."""
     try:
         return REGISTRY[name]
     except KeyError:
@@ -70,10 +89,10 @@ def get(name: str) -> OpDef:
 
 
 def apply(name: str, *args: ir.Node, params=()) -> ir.Node:
-    """Build the node ``name(*args)``, checking arity and dimensions, simplifying trivially.
+    """Build the node ``name(*args)``, checking arity and dimensions.
 
-    Only local, cheap rewrites happen here (constant folding is left to
-    :mod:`lazytensor.codegen.simplify`), so that derivative formulas stay small.
+    No rewriting happens here (that is :mod:`lazytensor.codegen.simplify`'s job), so that
+    derivative formulas stay small.
     """
     opdef = get(name)
     if opdef.arity is not None and len(args) != opdef.arity:
@@ -96,22 +115,6 @@ def broadcast_dim(name: str):
         return big.pop() if big else 1
 
     return rule
-
-
-_loaded = False
-_load_lock = threading.RLock()
-
-
-def _ensure_loaded():
-    """Import the op modules once; other threads wait until registration has finished."""
-    global _loaded
-    if _loaded:
-        return
-    with _load_lock:
-        if not _loaded:
-            from . import elementwise, vector_ops  # noqa: F401  (registers the ops)
-
-            _loaded = True
 
 
 def c_literal(value: float, dtype: str) -> str:

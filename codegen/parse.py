@@ -10,7 +10,10 @@ Grammar (lowest precedence first, as in Python, where KeOps strings come from)::
 
 Names are looked up in tables (aliases, :data:`FUNCTIONS`, user-registered functions);
 numbers go through ``int()`` / ``float()``. Nothing of the string reaches generated code
-except through the IR it builds.
+except through the IR it builds. :data:`FUNCTIONS` takes the one-to-one names from the op
+registry (each op record lists its formula-string names) and the compositions
+(``SqDist``, ``Mod``, ``Kron``, ...) from :mod:`lazytensor.codegen.compositions`, which the
+``LazyTensor`` methods use too. Static shapes are written ``Ind(2, 3)`` or ``(2, 3)``.
 
 Variable indices: an alias written with an index (``"y = Vj(1, 3)"``, ``"Var(1, 3, 1)"``)
 keeps it; one written without (``"x = Vi(3)"``) takes its position in the alias list,
@@ -29,7 +32,7 @@ import keyword
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from . import ir, ops
+from . import compositions, ir, ops
 
 MAX_DEPTH = 64  # nesting of parentheses, calls and unary signs (Python's stack stays safe)
 MAX_INDEX = 4095
@@ -354,7 +357,7 @@ class _Parser:
         left = self.additive()
         while self.cur.at_op("|"):
             tok = self.cur.advance()
-            left = self.build(tok, _dot, left, self.additive())
+            left = self.build(tok, compositions.dot, left, self.additive())
         return left
 
     def additive(self) -> ir.Node:
@@ -436,6 +439,23 @@ class _Parser:
             raise cur.error(self._unknown(tok.text, "name"), tok)
         raise cur.error(f"expected a variable (an alias or Var(...)), found {_describe(tok)}", tok)
 
+    def index_tuple(self) -> tuple:
+        """``Ind(2, 3)``, ``(2, 3)``, ``(1,)`` or a single integer: a tuple of ints >= 0."""
+        cur = self.cur
+        if cur.peek.kind == "int":
+            return (cur.integer(),)
+        if cur.peek.kind == "name" and cur.peek.text == "Ind":
+            cur.advance()
+        cur.expect_op("(")
+        values = [cur.integer()]
+        while cur.at_op(","):
+            cur.advance()
+            if cur.at_op(")"):
+                break
+            values.append(cur.integer())
+        cur.expect_op(")")
+        return tuple(values)
+
     def call(self, name_tok: Token) -> ir.Node:
         cur, name = self.cur, name_tok.text
         if name in ("Var", "Vi", "Vj", "Pm"):
@@ -458,6 +478,8 @@ class _Parser:
                 args.append(self.variable())
             elif kind == "n":
                 args.append(cur.integer())
+            elif kind == "t":
+                args.append(self.index_tuple())
             else:  # "z": a signed integer
                 args.append(cur.integer(signed=True, low=-MAX_INT, high=MAX_INT))
         if cur.at_op(","):
@@ -473,46 +495,10 @@ def _a(name, *args, params=()):
     return ops.apply(name, *args, params=params)
 
 
-def _dot(a, b):
-    return _a("sum", _a("mul", a, b))
-
-
-def _sqnorm2(a):
-    return _a("sum", _a("mul", a, a))
-
-
-def _pow(f, n):
-    return _a("square", f) if n == 2 else _a("pow", f, params=(float(n),))
-
-
 def _int_inv(n):
     if n == 0:
         raise ValueError("IntInv(0): division by zero")
     return ir.const(1.0 / n)
-
-
-def _mod(f, modulus, offset):
-    return _a("sub", f, _a("mul", modulus, _a("floor", _a("div", _a("sub", f, offset), modulus))))
-
-
-def _round(f, d):
-    if d == 0:
-        return _a("round", f)
-    if abs(d) > 300:
-        raise ValueError(f"Round: {d} decimals is out of range")
-    s = ir.const(float(10 ** d) if d > 0 else 10.0 ** d)
-    return _a("div", _a("round", _a("mul", f, s)), s)
-
-
-def _weighted_sqnorm(s, x):
-    """Σ s_k x_k² (s of dimension 1 or D) or xᵀ S x (s of dimension D², row-major)."""
-    D = x.dim
-    if s.dim in (1, D):
-        return _a("sum", _a("mul", _a("mul", s, x), x))
-    if s.dim == D * D:
-        return _a("sum", _a("mul", x, _a("matvec", s, x)))
-    raise ValueError(f"weight of dimension {s.dim} for vectors of dimension {D} (expected 1, {D} "
-                     f"or {D * D})")
 
 
 def _grad(f, v, g):
@@ -523,55 +509,43 @@ def _grad(f, v, g):
     return diff.vjp(f, [v], g)[v]
 
 
-def _unary(op: str):
-    return ("f", lambda a: _a(op, a))
+# (argument kinds: "f" formula, "v" variable, "n" int >= 0, "z" int, "t" tuple of ints
+# written Ind(2, 3) or (2, 3); builder)
+FunctionSpec = tuple
 
 
-FunctionSpec = tuple  # (argument kinds: "f" formula, "v" variable, "n" int >= 0, "z" int; builder)
+def _registry_functions() -> dict[str, FunctionSpec]:
+    """``Name(f, ...)`` for every op whose record gives it a formula-string name."""
+    out = {}
+    for opdef in ops.REGISTRY.values():
+        for name in opdef.keops:
+            out[name] = ("f" * opdef.arity, lambda *a, _op=opdef.name: ops.apply(_op, *a))
+    return out
+
 
 FUNCTIONS: dict[str, FunctionSpec] = {
-    **{keops: _unary(op) for keops, op in (
-        ("Exp", "exp"), ("Log", "log"), ("Sqrt", "sqrt"), ("Rsqrt", "rsqrt"), ("Sin", "sin"),
-        ("Cos", "cos"), ("Tan", "tan"), ("Asin", "asin"), ("Acos", "acos"), ("Atan", "atan"),
-        ("Sinh", "sinh"), ("Cosh", "cosh"), ("Tanh", "tanh"), ("Asinh", "asinh"),
-        ("Acosh", "acosh"), ("Atanh", "atanh"), ("Erf", "erf"), ("Erfc", "erfc"),
-        ("Log1p", "log1p"), ("Expm1", "expm1"), ("Sigmoid", "sigmoid"), ("Softplus", "softplus"),
-        ("LogSigmoid", "logsigmoid"), ("Abs", "abs"), ("Sign", "sign"), ("Step", "step"),
-        ("ReLU", "relu"), ("Floor", "floor"), ("Ceil", "ceil"),
-        ("Inv", "inv"), ("Square", "square"), ("XLogX", "xlogx"), ("SinXDivX", "sinxdivx"),
-        ("Minus", "neg"), ("Sum", "sum"), ("Max", "vmax"), ("Min", "vmin"),
-        ("ArgMax", "vargmax"), ("ArgMin", "vargmin"),
-    )},
-    "Add": ("ff", lambda a, b: _a("add", a, b)),
-    "Subtract": ("ff", lambda a, b: _a("sub", a, b)),
-    "Mult": ("ff", lambda a, b: _a("mul", a, b)),
-    "Divide": ("ff", lambda a, b: _a("div", a, b)),
-    "Atan2": ("ff", lambda a, b: _a("atan2", a, b)),
+    **_registry_functions(),
     "IntCst": ("z", lambda n: ir.const(float(n))),
     "IntInv": ("z", _int_inv),
     "Zero": ("n", lambda d: ir.const([0.0] * d)),
-    "Pow": ("fz", _pow),
-    "Powf": ("ff", lambda f, g: _a("exp", _a("mul", _a("log", f), g))),
-    "Clamp": ("fff", lambda f, a, b: _a("clamp", f, a, b)),
+    "Pow": ("fz", compositions.power),
+    "Powf": ("ff", compositions.powf),
     "ClampInt": ("fzz", lambda f, a, b: _a("clamp", f, ir.const(float(a)), ir.const(float(b)))),
-    "IfElse": ("fff", lambda c, a, b: _a("ifelse", c, a, b)),
-    "Mod": ("fff", _mod),
-    "Round": ("fz", _round),
-    "SqNorm2": ("f", _sqnorm2),
-    "Norm2": ("f", lambda a: _a("sqrt", _sqnorm2(a))),
-    "Normalize": ("f", lambda a: _a("mul", a, _a("rsqrt", _sqnorm2(a)))),
-    "SqDist": ("ff", lambda a, b: _sqnorm2(_a("sub", a, b))),
-    "Scalprod": ("ff", _dot),
-    "WeightedSqNorm": ("ff", _weighted_sqnorm),
-    "WeightedSqDist": ("fff", lambda s, x, y: _weighted_sqnorm(s, _a("sub", x, y))),
+    "Mod": ("fff", compositions.mod),
+    "Round": ("fz", compositions.round_to),
+    "SqNorm2": ("f", compositions.sqnorm2),
+    "Norm2": ("f", compositions.norm2),
+    "Normalize": ("f", compositions.normalize),
+    "SqDist": ("ff", compositions.sqdist),
+    "Scalprod": ("ff", compositions.dot),
+    "WeightedSqNorm": ("ff", compositions.weightedsqnorm),
+    "WeightedSqDist": ("fff", compositions.weightedsqdist),
     "SumT": ("fn", lambda f, d: _a("expand", f, params=(d,))),
     "Elem": ("fn", lambda f, k: _a("slice", f, params=(k, 1))),
     "Extract": ("fnn", lambda f, start, n: _a("slice", f, params=(start, n))),
-    "Concat": ("ff", lambda a, b: _a("concat", a, b)),
     "OneHot": ("fn", lambda f, d: _a("one_hot", f, params=(d,))),
-    "MatVecMult": ("ff", lambda A, x: _a("matvec", A, x)),
-    "VecMatMult": ("ff", lambda x, A: _a("vecmat", x, A)),
-    "TensorProd": ("ff", lambda a, b: _a("tensorprod", a, b)),
+    "Kron": ("fftt", compositions.kron),
+    "TensorDot": ("fftttt", compositions.tensordot),
     "Grad": ("fvf", _grad),
 }
 

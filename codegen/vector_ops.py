@@ -40,7 +40,7 @@ register(OpDef(
     ref=lambda xp, t, p: xp.vsum(t[0]),
     vjp=lambda node, g: [apply("expand", g, params=(node.args[0].dim,))],
     jvp=lambda node, t: None if t[0] is None else apply("sum", t[0]),
-    doc="sum over the vector dimension",
+    doc="sum over the vector dimension", keops=("Sum",), method="sum",
 ))
 
 
@@ -92,18 +92,18 @@ def _select_jvp(arg_name):
     return jvp
 
 
-for _name, _cmp, _index, _ref in (
-    ("vmin", "<", False, "vmin"), ("vmax", ">", False, "vmax"),
-    ("vargmin", "<", True, "vargmin"), ("vargmax", ">", True, "vargmax"),
+for _name, _cmp, _index, _keops in (
+    ("vmin", "<", False, "Min"), ("vmax", ">", False, "Max"),
+    ("vargmin", "<", True, "ArgMin"), ("vargmax", ">", True, "ArgMax"),
 ):  # fmt: skip
     _arg = "vargmin" if _cmp == "<" else "vargmax"
     register(OpDef(
         _name, 1, _fixed(1), _select_emit(_cmp, _index),
-        ref=lambda xp, t, p, _ref=_ref: getattr(xp, _ref)(t[0]),
+        ref=lambda xp, t, p, _ref=_name: getattr(xp, _ref)(t[0]),
         vjp=None if _index else _select_vjp(_arg),
         jvp=None if _index else _select_jvp(_arg),
         differentiable=not _index,
-        doc=f"{_ref} over the vector dimension",
+        doc=f"{_name[1:]} over the vector dimension", keops=(_keops,), method=_keops.lower(),
     ))
 
 
@@ -182,7 +182,7 @@ register(OpDef(
         apply("slice", g, params=(node.args[0].dim, node.args[1].dim)),
     ],
     jvp=_concat_jvp,
-    doc="concatenation of two vectors",
+    doc="concatenation of two vectors", keops=("Concat",), method="concat",
 ))
 
 
@@ -248,7 +248,7 @@ register(OpDef(
         None if t[0] is None else apply("matvec", t[0], node.args[1]),
         None if t[1] is None else apply("matvec", node.args[0], t[1]),
     ),
-    doc="A(n*m, row-major) times x(m)",
+    doc="A(n*m, row-major) times x(m)", keops=("MatVecMult",), method="matvecmult",
 ))
 
 
@@ -279,7 +279,7 @@ register(OpDef(
         None if t[0] is None else apply("vecmat", t[0], node.args[1]),
         None if t[1] is None else apply("vecmat", node.args[0], t[1]),
     ),
-    doc="x(n) times A(n*m, row-major)",
+    doc="x(n) times A(n*m, row-major)", keops=("VecMatMult",), method="vecmatmult",
 ))
 
 
@@ -301,7 +301,8 @@ register(OpDef(
         None if t[0] is None else apply("tensorprod", t[0], node.args[1]),
         None if t[1] is None else apply("tensorprod", node.args[0], t[1]),
     ),
-    doc="outer product a(n) b(m) as an n*m row-major vector",
+    doc="outer product a(n) b(m) as an n*m row-major vector", keops=("TensorProd",),
+    method="tensorprod",
 ))
 
 

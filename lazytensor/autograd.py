@@ -17,8 +17,9 @@ import functools
 
 import torch
 
-from . import reference
 from .codegen import diff, ir, linearize, ops
+from .codegen.arraymath import torch_namespace
+from .codegen.evaluate import evaluate
 from .engine import ReductionCall, execute
 
 _ARG_VARIANT = {"min": "min_argmin", "max": "max_argmax", "kmin": "kmin_argkmin"}
@@ -152,8 +153,8 @@ def sum_split_rows(call: ReductionCall, args: list):
     args = list(args)
     if hoisted:
         arrays = {k: a for k, (a, cat) in enumerate(zip(args, call.cats)) if cat == "j"}
-        xp = reference.arraymath.torch_namespace()
-        args += [reference.evaluate(node, arrays, xp) for node in hoisted]
+        xp = torch_namespace()
+        args += [evaluate(node, arrays, xp) for node in hoisted]
     call = dataclasses.replace(call, formula=formula, cats=call.cats + ("j",) * len(hoisted),
                                dims=call.dims + tuple(n.dim for n in hoisted))
     if split is None:
@@ -166,10 +167,10 @@ def sum_split_rows(call: ReductionCall, args: list):
             arrays[k] = a
         elif cat == "p":
             arrays[k] = a.unsqueeze(-2)  # (*batch, 1, D) against (*batch, N, D)
-    xp = reference.arraymath.torch_namespace()
+    xp = torch_namespace()
     pieces = {}
     for t in split.terms:
-        L = reference.evaluate(t.factor, arrays, xp) if t.factor.op != "const" else \
+        L = evaluate(t.factor, arrays, xp) if t.factor.op != "const" else \
             G.new_tensor(list(t.factor.params))
         term = (t.coef * G[..., t.weight: t.weight + 1]) * L
         prev = pieces.get(t.offset)
@@ -271,9 +272,7 @@ def _gather_vjp(call, inputs, outs, g, needs) -> list:
                 flat = full.reshape(-1, call.M, x.shape[-1])
                 gi = safe.reshape(flat.shape[0], -1)[..., None].expand(-1, -1, x.shape[-1])
                 env[k] = torch.gather(flat, 1, gi).reshape(*batch, call.N, KF, x.shape[-1])
-        from .codegen.arraymath import torch_namespace
-
-        values = reference.evaluate(call.formula, env, torch_namespace())
+        values = evaluate(call.formula, env, torch_namespace())
         values = values.expand(*batch, call.N, KF, F)
         comp = (torch.arange(KF, device=idx.device) % F).expand(*batch, call.N, KF)
         picked = torch.gather(values, -1, comp[..., None])[..., 0]

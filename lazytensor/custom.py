@@ -101,11 +101,11 @@ def _is_registered(name: str) -> bool:
 
 def _builtin_same(name: str, expr, syms):
     """True if ``name`` is a built-in elementwise op with this very expression."""
-    edef = ew.ELEMENTWISE.get(name)
-    if edef is None or edef.sym is None or edef.arity != len(syms):
+    opdef = ew.ELEMENTWISE.get(name)
+    if opdef is None or opdef.sym is None or opdef.arity != len(syms):
         return False
     try:
-        return bool(edef.sym(*syms) == expr)
+        return bool(opdef.sym(*syms) == expr)
     except TypeError:
         return False
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from . import engine, interop, materialize
 from .binding import Variable, array_dtype, is_torch
-from .codegen import ir, ops
+from .codegen import compositions, ir, ops
 from .genred import IGNORED_OPTIONS, keops_backend, reduction_options
 
 
@@ -221,6 +221,14 @@ class LazyTensor:
         return variables, formula
 
     def _op(self, name, *others, params=()):
+        """``name(self, *others)`` for a registered op (numbers and arrays become
+        parameters, as in pykeops)."""
+        return self._build(lambda *nodes: ops.apply(name, *nodes, params=params), *others)
+
+    def _build(self, builder, *others):
+        """The LazyTensor of ``builder(self's formula, others' formulas)`` (a function of IR
+        nodes, such as the compositions of :mod:`lazytensor.codegen.compositions`), with
+        the operands' variables merged."""
         operands = [o if isinstance(o, LazyTensor) else self._operand(o) for o in others]
         variables, nodes = list(self.variables), [self.formula]
         acc = LazyTensor._new(self.formula, variables)
@@ -229,7 +237,7 @@ class LazyTensor:
             nodes.append(node)
             acc = LazyTensor._new(self.formula, variables)
         try:
-            node = ops.apply(name, *nodes, params=params)
+            node = builder(*nodes)
         except ValueError as e:  # name the operands' variables, not just their dimensions
             described = "; ".join(_describe_operand(o) for o in (self, *operands))
             raise ValueError(f"{e}; operands: {described}") from None
@@ -288,22 +296,19 @@ class LazyTensor:
     def __pow__(self, p):
         """``x ** p``: static int/float exponents (0.5 -> sqrt, -0.5 -> rsqrt), or a formula."""
         if isinstance(p, numbers.Number) and not isinstance(p, bool):
-            p = float(p)
-            if p == 2.0:
-                return self._op("square")
-            return self._op("pow", params=(p,))
+            return self._build(lambda f: compositions.power(f, p))
         return self.powf(p)
 
     def __rpow__(self, base):
-        return (LazyTensor(base).log() * self).exp()
+        return LazyTensor(base)._build(compositions.powf, self)
 
     def powf(self, p):
-        """``self ** p`` for a formula exponent: ``exp(p log self)``."""
-        return (self.log() * p).exp()
+        """``self ** p`` for a formula exponent: ``exp(log(self) p)``."""
+        return self._build(compositions.powf, p)
 
     def __or__(self, o):
         """Dot product over the vector dimension: ``(x | y) = Σ_k x_k y_k``."""
-        return (self * o).sum(-1)
+        return self._build(compositions.dot, o)
 
     def __ror__(self, o):
         return LazyTensor(o) | self
@@ -458,10 +463,7 @@ class LazyTensor:
 
     def round(self, d: int = 0):
         """Round half away from zero, to ``d`` decimals."""
-        if d == 0:
-            return self._op("round")
-        s = float(10 ** d)
-        return (self * s)._op("round") / s
+        return self._build(lambda f: compositions.round_to(f, d))
 
     def power(self, p):
         return self ** p
@@ -479,16 +481,16 @@ class LazyTensor:
 
     def mod(self, modulus, offset=0):
         """``self - modulus * floor((self - offset) / modulus)``, in ``[offset, offset + modulus)``."""
-        return self - modulus * ((self - offset) / modulus).floor()
+        return self._build(compositions.mod, modulus, offset)
 
     def one_hot(self, D: int):
         return self._op("one_hot", params=(int(D),))
 
     def sqnorm2(self):
-        return (self * self).sum(-1)
+        return self._build(compositions.sqnorm2)
 
     def norm2(self):
-        return self.sqnorm2().sqrt()
+        return self._build(compositions.norm2)
 
     def norm(self, dim=-1):
         if dim not in (-1, self.nbatchdims + 2):
@@ -496,23 +498,19 @@ class LazyTensor:
         return self.norm2()
 
     def normalize(self):
-        return self * self.sqnorm2().rsqrt()
+        return self._build(compositions.normalize)
 
     def sqdist(self, other):
-        return (self - other).sqnorm2()
+        return self._build(compositions.sqdist, other)
 
     def weightedsqnorm(self, s):
         """``Σ s_k x_k²`` (s of dim 1 or D) or ``xᵀ S x`` (s of dim D²)."""
         s = s if isinstance(s, LazyTensor) else LazyTensor(s)
-        D = self.formula.dim
-        if s.formula.dim in (1, D):
-            return (s * self * self).sum(-1)
-        if s.formula.dim == D * D:
-            return (self * s.matvecmult(self)).sum(-1)
-        raise ValueError(f"weightedsqnorm: weight of dimension {s.formula.dim} for vectors of dimension {D}")
+        return s._build(compositions.weightedsqnorm, self)
 
     def weightedsqdist(self, other, s):
-        return (self - other).weightedsqnorm(s)
+        s = s if isinstance(s, LazyTensor) else LazyTensor(s)
+        return s._build(compositions.weightedsqdist, self, other)
 
     def matvecmult(self, v):
         return self._op("matvec", v)
@@ -529,15 +527,7 @@ class LazyTensor:
         ``dimfself`` and ``dimfother`` are their shapes (same number of axes); the result
         has shape ``(d0*e0, d1*e1, ...)``, flattened row-major, as ``numpy.kron``.
         """
-        da, db = tuple(int(d) for d in dimfself), tuple(int(d) for d in dimfother)
-        if len(da) != len(db):
-            raise ValueError(f"keops_kron: shapes {da} and {db} have different numbers of axes")
-        prod = self.tensorprod(other)  # index (ia, ib) -> ia * |b| + ib
-        ia = np.arange(int(np.prod(da))).reshape(da)
-        ib = np.arange(int(np.prod(db))).reshape(db)
-        flat = np.kron(ia * int(np.prod(db)), np.ones(db, dtype=np.int64)) + np.kron(
-            np.ones(da, dtype=np.int64), ib)
-        return prod._op("gather", params=(tuple(int(k) for k in flat.reshape(-1)),))
+        return self._build(lambda a, b: compositions.kron(a, b, dimfself, dimfother), other)
 
     def keops_tensordot(self, other, dimfa, dimfb, contfa, contfb, *args):
         """``numpy.tensordot`` of two tensors stored row-major in the vector dimension.
@@ -545,24 +535,8 @@ class LazyTensor:
         ``dimfa``/``dimfb`` are their shapes, ``contfa``/``contfb`` the axes contracted
         together; the result holds the free axes of ``self`` then those of ``other``.
         """
-        da, db = tuple(int(d) for d in dimfa), tuple(int(d) for d in dimfb)
-        ca, cb = tuple(int(c) for c in np.atleast_1d(contfa)), tuple(int(c) for c in np.atleast_1d(contfb))
-        if len(ca) != len(cb) or any(da[p] != db[q] for p, q in zip(ca, cb)):
-            raise ValueError(f"keops_tensordot: cannot contract axes {ca} of {da} with {cb} of {db}")
-        fa = [k for k in range(len(da)) if k not in ca]
-        fb = [k for k in range(len(db)) if k not in cb]
-        ia = np.arange(int(np.prod(da))).reshape(da).transpose(fa + list(ca))
-        ib = np.arange(int(np.prod(db))).reshape(db).transpose(list(cb) + fb)
-        nc = int(np.prod([da[p] for p in ca])) if ca else 1
-        ia = ia.reshape(-1, nc)  # (free_a, contracted)
-        ib = ib.reshape(nc, -1)  # (contracted, free_b)
-        total = None
-        for c in range(nc):
-            col = self._op("gather", params=(tuple(int(k) for k in ia[:, c]),))
-            row = LazyTensor(other)._op("gather", params=(tuple(int(k) for k in ib[c, :]),))
-            term = col.tensorprod(row)
-            total = term if total is None else total + term
-        return total
+        return self._build(
+            lambda a, b: compositions.tensordot(a, b, dimfa, dimfb, contfa, contfb), other)
 
     def difference_matrix(self, other):
         """``(x_k - y_l)`` for all k, l: an (D1*D2)-vector (row-major)."""

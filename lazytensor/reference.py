@@ -19,26 +19,8 @@ import os
 
 import numpy as np
 
-from .codegen import arraymath, ir, ops, reductions
-
-
-def evaluate(formula: ir.Node, arrays: dict, xp=None):
-    """Value of ``formula`` with ``arrays[index]`` for each variable (broadcasting arrays)."""
-    xp = xp or arraymath.numpy_namespace()
-    like = next(iter(arrays.values())) if arrays else np.zeros(1)
-    memo: dict[int, object] = {}
-    for node in ir.topo_order(formula):
-        if node.op == "var":
-            memo[id(node)] = arrays[node.index]
-        elif node.op == "const":
-            memo[id(node)] = xp.asarray(list(node.params), like)
-        else:
-            args = [memo[id(a)] for a in node.args]
-            memo[id(node)] = ops.get(node.op).ref(xp, args, node.params)
-    out = memo[id(formula)]
-    if out.shape[-1] != formula.dim:  # a broadcast scalar stays scalar in NumPy
-        out = out * xp.asarray([1.0] * formula.dim, like)
-    return out
+from .codegen import ir, reductions
+from .codegen.evaluate import evaluate
 
 
 def _chunk_rows(M: int, width: int) -> int:

@@ -65,7 +65,6 @@ def op_formula(name: str) -> ir.Node:
 
 
 def all_ops() -> list[str]:
-    ops._ensure_loaded()
     return sorted(ops.REGISTRY)
 
 

@@ -1,7 +1,7 @@
 """The IR layer, no compiler needed: hash-consing, keys, immutability, simplify, diff.
 
 Values are checked by evaluating formulas with the dense reference evaluator
-(``lazytensor.reference.evaluate``) in float64 on random data; derivatives against
+(``lazytensor.codegen.evaluate``) in float64 on random data; derivatives against
 central finite differences.
 """
 
@@ -10,9 +10,8 @@ import pickle
 import numpy as np
 import pytest
 from lazytensor.codegen import diff, ir, ops
+from lazytensor.codegen.evaluate import evaluate
 from lazytensor.codegen.simplify import simplify
-
-from lazytensor.reference import evaluate
 
 A = ops.apply
 

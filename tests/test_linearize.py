@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from lazytensor.codegen import diff, ir, ops
+from lazytensor.codegen.evaluate import evaluate
 from lazytensor.codegen.linearize import linearize
-
-from lazytensor.reference import evaluate
 
 
 def _a(name, *args, params=()):

@@ -199,7 +199,6 @@ POW_EXPONENTS = (2.0, 3.0, 0.0, 1.0, 4.0, -1.0, -2.0, 0.5, -0.5, 1.5, 2.5)
 
 
 def test_every_registered_op_is_drawn():
-    ops._ensure_loaded()
     builtin = set(ops.REGISTRY) - set(custom_ops._DEFINED)
     assert builtin - set(OPS) == set(), "teach OPS (test_property.py) the new ops"
     assert set(OPS) - set(ops.REGISTRY) == set()
