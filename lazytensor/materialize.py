@@ -22,9 +22,9 @@ import math
 
 import numpy as np
 
-from . import reference
 from .binding import bind
 from .codegen import arraymath, ir
+from .codegen.evaluate import evaluate
 
 DEFAULT_MAX_BYTES = 1 << 28  # 256 MiB: a 8192 x 8192 float32 kernel
 CHUNK_ELEMENTS = 1 << 22  # pair-components evaluated at once (as the reference evaluator)
@@ -107,7 +107,7 @@ def dense(K, max_bytes: int = DEFAULT_MAX_BYTES):
                    for k, v in enumerate(K.variables) if k in used}
             if not env:  # a formula of constants
                 env = {-1: _full((1, 1, 1), 0.0, dtype, sig)}
-            values = reference.evaluate(K.formula, env, xp)
+            values = evaluate(K.formula, env, xp)
             shape = (*batch, i1 - i0, M, D)
             if torch_lib:
                 chunks.append(values.to(getattr(_torch(), dtype)).broadcast_to(shape))
