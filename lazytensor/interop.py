@@ -110,21 +110,24 @@ def _call(entry: Entry, args, kwargs: dict):
     if refused:
         raise TypeError(f"{entry.name}(..., {refused[0]}=...) is not supported with LazyTensor "
                         f"arguments: the result is a new LazyTensor or array")
-    kwargs = {k: v for k, v in kwargs.items() if k not in _REFUSED}
-    try:
-        bound = entry.signature.bind(*args, **kwargs)
-    except TypeError as e:
-        raise TypeError(f"{entry.name}() with LazyTensor arguments: {e}") from None
+    if kwargs:
+        kwargs = {k: v for k, v in kwargs.items() if k not in _REFUSED}
     from .interop_rules import Unsupported
 
     try:
-        return entry.rule(*bound.args, **bound.kwargs)
+        return entry.rule(*args, **kwargs)
     except Unsupported as e:
         raise TypeError(f"{entry.name}() with LazyTensor arguments: {e}") from None
     except ValueError as e:  # a bad axis, shape, option: say which call it came from
         if type(e) is not ValueError:
             raise
         raise ValueError(f"{entry.name}(): {e}") from None
+    except TypeError as e:  # arguments the rule does not take (checked only on failure)
+        try:
+            entry.signature.bind(*args, **kwargs)
+        except TypeError:
+            raise TypeError(f"{entry.name}() with LazyTensor arguments: {e}") from None
+        raise
 
 
 def _lazy_class():
