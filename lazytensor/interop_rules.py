@@ -23,6 +23,7 @@ import numpy as np
 
 from .binding import is_torch
 from .lazy import LazyTensor
+from .softmax import SoftmaxLazyTensor, lse_leaf
 
 
 class Unsupported(TypeError):
@@ -233,57 +234,6 @@ def topk(K, k, axis, largest: bool):
 # ---------------------------------------------------------------------- softmax
 
 
-def _lse_leaf(K, dim: int) -> LazyTensor:
-    """``logsumexp`` of K over i or j, as an i- (over j) or j-variable (over i) to subtract."""
-    lse = K.logsumexp(dim=dim)
-    return LazyTensor(lse[..., :, None, :] if dim == K.nbatchdims + 1 else lse[..., None, :, :])
-
-
-class SoftmaxLazyTensor(LazyTensor):
-    """``softmax(K)`` over i or j: ``S @ v`` is one SumSoftMaxWeight reduction (softmax
-    over j); any other use sees the explicit ``exp(K - logsumexp(K))``, whose
-    log-sum-exp is computed on first use.
-
-    >>> import numpy as np
-    >>> from lazytensor import Vi, Vj
-    >>> q, k, v = np.random.rand(5, 2), np.random.rand(6, 2), np.random.rand(6, 3)
-    >>> (SoftmaxLazyTensor(Vi(q) | Vj(k), 1) @ v).shape
-    (5, 3)
-    """
-
-    def __init__(self, scores: LazyTensor, dim: int):
-        self.scores, self.softmax_dim = scores, dim
-        self._explicit = None
-        if scores.ranges is not None:
-            self.ranges = scores.ranges
-
-    def _form(self) -> LazyTensor:
-        if self._explicit is None:
-            self._explicit = (self.scores - _lse_leaf(self.scores, self.softmax_dim)).exp()
-        return self._explicit
-
-    @property
-    def formula(self):
-        return self._form().formula
-
-    @property
-    def variables(self):
-        return self._form().variables
-
-    def __matmul__(self, v, **kwargs):
-        scores = self.scores
-        if (self.softmax_dim != scores.nbatchdims + 1 or scores.formula.dim != 1
-                or isinstance(v, LazyTensor)):
-            return LazyTensor.__matmul__(self, v, **kwargs)
-        v = v if hasattr(v, "ndim") else np.asarray(v, dtype=np.float64)
-        if v.ndim == 0:
-            raise ValueError("softmax(K) @ v needs v of shape (M,) or (M, E), got a 0D array")
-        vj = LazyTensor(v, axis=1) if v.ndim <= 2 else LazyTensor(v[..., None, :, :])
-        dim = max(scores.nbatchdims, vj.nbatchdims) + 1
-        out = scores.sumsoftmaxweight(vj, dim=dim, **kwargs)
-        return out[..., 0] if v.ndim == 1 else out
-
-
 def softmax(K, axis, log: bool):
     """``softmax`` (a :class:`SoftmaxLazyTensor`) or ``log_softmax`` of K over i or j."""
     if axis is None:
@@ -291,7 +241,7 @@ def softmax(K, axis, log: bool):
     a = _index_axis(K, single_axis(K, axis, "softmax"), "softmax")
     _check_scalar(K, "softmax")
     if log:
-        return K - _lse_leaf(K, a)
+        return K - lse_leaf(K, a)
     return SoftmaxLazyTensor(K, a)
 
 
@@ -401,7 +351,7 @@ def norm(K, ord, axis, keepdims: bool, empty_means_all: bool = False):
     return res.sqrt() if is_torch(res) else np.sqrt(res)
 
 
-__all__ = ["SoftmaxLazyTensor", "Unsupported", "arg_reduce", "axis_set", "clip", "divide",
+__all__ = ["Unsupported", "arg_reduce", "axis_set", "clip", "divide",
            "lazy_args", "matmul", "maximum", "minimum", "norm", "power", "reduce_axes",
            "round_half_even", "single_axis", "softmax", "softplus", "topk", "value_and_index",
            "where"]
