@@ -19,7 +19,7 @@ from .binding import Signature, Variable, bind, is_torch
 from .codegen import ir, reductions
 from .codegen.render_c import VarSpec
 
-BACKENDS = ("auto", "cpu", "cuda", "numpy")
+BACKENDS = ("auto", "cpu", "cuda", "gpu", "numpy")  # "gpu" = "cuda"; "cuda:k" picks GPU k
 _SWAP = {"i": "j", "j": "i", "p": "p"}
 
 
@@ -61,10 +61,13 @@ class ReductionCall:
 _warned_fallback = False
 
 
-def _resolve_backend(backend: str, device: str) -> str:
+def _resolve_backend(backend: str, device: str, library: str = "torch") -> str:
     global _warned_fallback
+    backend, _ = split_device(backend)
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
+    if backend == "gpu":
+        backend = "cuda"
     if device != "cpu":
         if backend == "cpu":
             raise ValueError(f"backend='cpu' got tensors on {device}; move them with .cpu()")
@@ -72,18 +75,43 @@ def _resolve_backend(backend: str, device: str) -> str:
             raise NotImplementedError(f"tensors on {device}: only CPU and CUDA are supported")
         return "numpy" if backend == "numpy" else "cuda"
     if backend == "cuda":
+        if library == "numpy":
+            return "cuda"  # copied to the GPU and back, as pykeops.numpy does
         raise ValueError("backend='cuda' needs torch CUDA tensors; move them with .cuda()")
     if backend == "auto":
         from .codegen.compilers import cpu_compiler
 
-        if cpu_compiler().available:
+        compiler = cpu_compiler()
+        if compiler.available:
             return "cpu"
         if not _warned_fallback:
             _warned_fallback = True
-            warnings.warn("no C++ compiler found: falling back to the (slow) NumPy reference "
-                          "backend; install g++ or set $CXX", RuntimeWarning, stacklevel=4)
+            warnings.warn(f"no C++ compiler found ({compiler.problem}): falling back to the "
+                          "(slow) NumPy reference backend; install g++ or set $CXX",
+                          RuntimeWarning, stacklevel=4)
         return "numpy"
     return backend
+
+
+def split_device(backend):
+    """``"cuda:1"`` -> ``("cuda", 1)``; ``"cpu"`` -> ``("cpu", None)``."""
+    if isinstance(backend, str) and ":" in backend:
+        name, _, index = backend.partition(":")
+        if name in ("cuda", "gpu") and index.isdigit():
+            return name, int(index)
+    return backend, None
+
+
+def _gpu_device(backend, sig: Signature) -> str:
+    """The device of a NumPy call on the GPU: ``cuda:k`` (k from the backend, default 0);
+    for torch tensors their own device, which a ``cuda:k`` backend must match."""
+    _, index = split_device(backend)
+    if sig.library == "numpy":
+        return f"cuda:{index or 0}"
+    if index is not None and sig.device.startswith("cuda") and sig.device != f"cuda:{index}":
+        raise ValueError(f"device_id={index} (backend {backend!r}) but the tensors are on "
+                         f"{sig.device}: move them with .to('cuda:{index}')")
+    return sig.device
 
 
 def _ptr(a) -> int:
@@ -127,21 +155,30 @@ def execute(call: ReductionCall, arrays: list) -> list:
         call.reduction, call.opts, call.dtype,
     )
     if call.backend == "cuda":
-        from . import cuda_runtime  # loads the driver, only for CUDA tensors
+        from .cuda import kernels, launch  # imports pycuda, only for the GPU
 
-        kernel = cuda_runtime.get_cuda_kernel(spec, call.device)
+        kernel = kernels.get_cuda_kernel(spec, cuda_index(call.device))
     else:
         kernel = runtime.get_cpu_kernel(spec)
     contiguous = [_contiguous(a) for a in arrays]
     outs = _alloc(call, arrays[0] if arrays else None)
     if call.N > 0 and all(s > 0 for s in call.batch):
         if call.backend == "cuda":
-            cuda_runtime.launch_cuda(kernel, contiguous, list(call.cats), call.batch, call.N,
-                                     call.M, outs)
+            run = launch.launch_cuda if call.library == "torch" else launch.launch_numpy
+            run(kernel, contiguous, list(call.cats), call.batch, call.N, call.M, outs)
         else:
             runtime.launch_cpu(kernel, contiguous, list(call.cats), call.batch, call.N,
                                call.M, outs, _ptr)
     return outs
+
+
+def cuda_index(device: str) -> int:
+    """``"cuda:1"`` -> 1; ``"cuda"`` -> torch's current device."""
+    if ":" in device:
+        return int(device.split(":", 1)[1])
+    import torch
+
+    return torch.cuda.current_device()
 
 
 # call -> (shapes, CpuLaunch, output specs): a call that comes back (the reduce cache
@@ -281,10 +318,11 @@ def _prepare(formula, variables, reduction, axis, opts, backend):
         cats = [_SWAP[c] for c in cats]
         N, M = M, N
     red.check(formula.dim, opts, M)
-    backend = _resolve_backend(backend, sig.device)
+    resolved = _resolve_backend(backend, sig.device, sig.library)
+    device = _gpu_device(backend, sig) if resolved == "cuda" else sig.device
     call = ReductionCall(formula, tuple(cats), tuple(dims), red.name,
-                         tuple(sorted(opts.items())), backend, sig.library, sig.dtype,
-                         sig.device, sig.batch, N, M)
+                         tuple(sorted(opts.items())), resolved, sig.library, sig.dtype,
+                         device, sig.batch, N, M)
     return call, red, opts
 
 

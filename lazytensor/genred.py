@@ -102,9 +102,31 @@ _GPU_SCHEMES = ("1D", "2D", "1D_host", "2D_host", "1D_device", "2D_device")
 
 
 # Genred/reduction keywords of pykeops that tune its CUDA code generation: accepted and
-# without effect here (device_id: the tensors' own device decides).
+# without effect where nothing reads them (the reductions read device_id and
+# use_fast_math, see gpu_options).
 IGNORED_OPTIONS = ("enable_chunks", "use_fast_math", "optional_flags", "device_id",
                    "rec_multVar_highdim")
+
+
+def gpu_options(backend, device_id=None, use_fast_math=None) -> tuple:
+    """``(backend, opts)`` for pykeops's GPU keywords: ``device_id=k`` with a GPU backend
+    picks GPU k (``"cuda:k"``: NumPy arrays are copied there; torch tensors must be
+    there); ``use_fast_math=True`` lets CUDA kernels use approximate intrinsics (the
+    default is IEEE-accurate functions).
+
+    >>> gpu_options("GPU", device_id=1)
+    ('cuda:1', {})
+    """
+    backend = keops_backend(backend)
+    if device_id is not None and not isinstance(device_id, bool) and \
+            isinstance(device_id, numbers.Integral) and device_id >= 0 and \
+            backend in ("cuda", "gpu"):
+        backend = f"cuda:{int(device_id)}"
+    elif device_id is not None and not (isinstance(device_id, numbers.Integral)
+                                        and not isinstance(device_id, bool)):
+        raise ValueError(f"device_id must be an integer (-1: the default device), got "
+                         f"{device_id!r}")
+    return backend, ({"use_fast_math": True} if use_fast_math is True else {})
 
 
 def _reduction(reduction_op: str, opt_arg, formula2):
@@ -137,9 +159,11 @@ class Genred:
     ``(M, D)`` for ``Vj``, ``(D,)`` for ``Pm``, with optional leading batch dimensions
     (``(B, N, D)``, ``(B, D)``). ``opt_arg`` is K for the K-min reductions; ``formula2``
     the weights of ``LogSumExp`` and ``SumSoftMaxWeight``. ``dtype``, ``cuda_type``,
-    ``enable_chunks``, ``use_fast_math`` and ``rec_multVar_highdim`` are accepted for
-    compatibility and have no effect (the arrays' dtype decides, as in pykeops 2). The call
-    takes pykeops's backend names too ("CPU", "GPU", "GPU_1D", ...).
+    ``enable_chunks`` and ``rec_multVar_highdim`` are accepted for compatibility and have no
+    effect (the arrays' dtype decides, as in pykeops 2); ``use_fast_math=True`` lets CUDA
+    kernels use approximate intrinsics (unlike pykeops, not the default). The call takes
+    pykeops's backend names too ("CPU", "GPU", "GPU_1D", ...) and ``device_id`` (NumPy
+    arrays with ``backend="GPU"`` are copied to that GPU and back).
 
     >>> import numpy as np
     >>> nn = Genred("SqDist(x, y)", ["x = Vi(2)", "y = Vj(2)"], "ArgKMin", axis=1, opt_arg=3)
@@ -149,10 +173,11 @@ class Genred:
 
     def __init__(self, formula, aliases, reduction_op="Sum", axis=0, dtype=None, opt_arg=None,
                  formula2=None, dtype_acc="auto", use_double_acc=False, sum_scheme="auto",
-                 enable_chunks=True, rec_multVar_highdim=None, use_fast_math=True, cuda_type=None):
+                 enable_chunks=True, rec_multVar_highdim=None, use_fast_math=None, cuda_type=None):
         if isinstance(axis, bool) or axis not in (0, 1):
             raise ValueError(f"axis must be 0 (reduction over i) or 1 (over j), got {axis!r}")
         self.reduction, self.opts = _reduction(reduction_op, opt_arg, formula2)
+        self.opts.update(gpu_options("auto", None, use_fast_math)[1])
         scope = parse.Scope(aliases)
         node = scope.parse(formula)
         if formula2 is not None:
@@ -172,7 +197,7 @@ class Genred:
 
     def __call__(self, *args, backend="auto", device_id=-1, ranges=None, out=None):
         """Run the reduction on one array per variable (index order)."""
-        backend = str(keops_backend(backend)).lower()
+        backend = str(gpu_options(backend, device_id)[0]).lower()
         variables = bind_arguments(self.variables, args)
         if ranges is not None:  # block-sparse (see lazytensor.ranges)
             from . import ranges as ranges_mod

@@ -18,7 +18,7 @@ import numpy as np
 from . import engine, interop, materialize
 from .binding import Variable, array_dtype, is_torch
 from .codegen import compositions, ir, ops
-from .genred import IGNORED_OPTIONS, keops_backend, reduction_options
+from .genred import IGNORED_OPTIONS, gpu_options, reduction_options
 
 
 def _canonical(x, axis):
@@ -614,7 +614,8 @@ class LazyTensor:
         ``argmax`` too); with reduction options but no dim it asks for the dim.
         Options as pykeops: ``sum_scheme`` ("block_sum" default, "direct_sum",
         "kahan_scheme"), ``dtype_acc`` / ``use_double_acc``, ``backend`` ("CPU", "GPU" ...
-        too); ``enable_chunks``, ``use_fast_math``, ``device_id`` are accepted without effect;
+        too); ``device_id`` picks the GPU, ``use_fast_math=True`` allows approximate CUDA
+        intrinsics; ``enable_chunks`` is accepted without effect;
         ``grad_mode`` for torch gradients.
         An empty reduction (no j, or no i for dim=0) gives 0; NaN terms give NaN, +inf and
         -inf terms together give NaN, as in NumPy.
@@ -834,16 +835,18 @@ def _reduction_options(reduction, backend, kw, opts=None):
     pykeops's backend names ("CPU", "GPU", "GPU_1D", ...) map to ours; the accuracy options
     (``dtype_acc``, ``use_double_acc``, ``sum_scheme``) follow pykeops's rules
     (:func:`lazytensor.genred.reduction_options`: sum-type reductions only); options that
-    tune pykeops's CUDA code (``enable_chunks``, ``use_fast_math``, ``device_id``) are
-    accepted without effect. The rest (``call``, ``out``, ``ranges`` ...) go on to
+    tune pykeops's CUDA code (``enable_chunks``, ...) are accepted without effect;
+    ``device_id`` picks the GPU and ``use_fast_math=True`` allows approximate intrinsics in
+    CUDA kernels (:func:`lazytensor.genred.gpu_options`). The rest (``call``, ``out``, ``ranges`` ...) go on to
     :meth:`LazyTensor._reduce`, which rejects unknown ones by name.
     """
     kw = dict(kw)
     acc = {k: kw.pop(k) for k in ("dtype_acc", "use_double_acc", "sum_scheme") if k in kw}
+    backend, gpu = gpu_options(backend, kw.pop("device_id", None), kw.pop("use_fast_math", None))
     for k in IGNORED_OPTIONS:
         kw.pop(k, None)
-    opts = {**(opts or {}), **reduction_options(reduction, **acc)}
-    return keops_backend(backend), opts, kw
+    opts = {**(opts or {}), **reduction_options(reduction, **acc), **gpu}
+    return backend, opts, kw
 
 
 def _no_dim(dim, axis, backend, kw) -> bool:

@@ -70,17 +70,17 @@ def codegen_fingerprint() -> str:
 
 
 class CpuKernel:
-    """A loaded ``lt_run`` with its calling convention."""
+    """A loaded ``lt_run`` with its calling convention (``binary``: a cache.VerifiedBinary)."""
 
-    def __init__(self, path: str, spec: KernelSpec):
-        self.lib = ctypes.CDLL(path)
+    def __init__(self, binary, spec: KernelSpec):
+        self.lib = binary.load(ctypes.CDLL)  # exactly the bytes the cache verified
         fn = self.lib.lt_run
         fn.argtypes = [ctypes.c_void_p]  # one array of words, see codegen.render_cpu
         fn.restype = ctypes.c_int
         self.fn = fn
         self.spec = spec
         self.outputs = reductions.get(spec.reduction).outputs(spec.formula.dim, spec.opts_dict)
-        self.path = path
+        self.path = str(binary.path)
 
 
 _table: dict = {}
@@ -137,19 +137,17 @@ def check_stack(spec: KernelSpec) -> None:
 
 def _load_or_build_cpu(spec: KernelSpec) -> CpuKernel:
     from .cache import default_cache
-    from .codegen.compilers import cpu_compiler
+    from .codegen.compilers import build_lock_timeout, cpu_compiler
 
     check_stack(spec)
 
     compiler = cpu_compiler()
     if not compiler.available:
-        from .codegen.compilers import CompilerNotFound
-
-        raise CompilerNotFound("no C++ compiler found (set $CXX or install g++)")
+        raise compiler.not_found()
     key = spec.key("cpu", compiler.identity())
     cache = default_cache()
-    path = cache.lookup(key)
-    if path is None:
+    binary = cache.read(key)
+    if binary is None:
         def build(tmpdir):
             from .codegen.render_c import render_cpu_kernel
 
@@ -162,10 +160,10 @@ def _load_or_build_cpu(spec: KernelSpec) -> CpuKernel:
             return {"reduction": spec.reduction, "dtype": spec.dtype,
                     "formula": ir.to_text(spec.formula)[:500]}
 
-        path = cache.get_or_build(key, build)
+        binary = cache.read_or_build(key, build, lock_timeout=build_lock_timeout())
     elif _debug():
-        print(f"[lazytensor] loaded kernel {key} from {path}", file=sys.stderr)
-    return CpuKernel(str(path), spec)
+        print(f"[lazytensor] loaded kernel {key} from {binary.path}", file=sys.stderr)
+    return CpuKernel(binary, spec)
 
 
 # libgomp's thread pool does not survive fork(): a child that enters a parallel region
