@@ -331,7 +331,8 @@ _scalars: dict = {}
 
 def _scalar_array(value: float, call: ReductionCall):
     """A Python number as a 1-element array of the call's library, dtype and device."""
-    key = (float(value), call.library, call.dtype, call.device)
+    # keyed by the bits: -0.0 == 0.0 (and hashes alike) but atan2, 1/x, copysign tell them apart
+    key = (float(value).hex(), call.library, call.dtype, call.device)
     a = _scalars.get(key)
     if a is None:
         if len(_scalars) > 1024:

@@ -15,7 +15,7 @@ import numbers
 
 import numpy as np
 
-from . import engine
+from . import engine, interop, materialize
 from .binding import Variable, array_dtype, is_torch
 from .codegen import compositions, ir, ops
 from .distributed import context as distributed_context
@@ -168,6 +168,39 @@ class LazyTensor(KeOpsMethods):
 
     def __repr__(self) -> str:
         return f"LazyTensor({ir.to_text(self.formula)}, {len(self.variables)} variables)"
+
+    # ------------------------------------------------------------------ NumPy and torch
+    # np.exp(K), np.sum(K, axis=1), torch.logsumexp(K, dim=1), t + K ... (lazytensor.interop).
+    # No implicit dense copy: np.asarray(K), and torch.as_tensor(K) through len(K), refuse.
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        return interop.array_ufunc(ufunc, method, inputs, kwargs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        return interop.array_function(func, types, args, kwargs)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return interop.torch_function(func, types, args, kwargs)
+
+    def __array__(self, dtype=None, copy=None):
+        materialize.refuse_implicit(self, "np.asarray(K) / np.array(K)")
+
+    def __len__(self):
+        materialize.refuse_implicit(self, "len(K) / torch.as_tensor(K) / torch.tensor(K)")
+
+    def __bool__(self) -> bool:  # truthy as any object (Python would ask __len__ otherwise)
+        return True
+
+    def dense(self, max_bytes: int = materialize.DEFAULT_MAX_BYTES):
+        """The dense array of shape ``K.shape`` (chunked; differentiable for torch data), for
+        small problems and debugging; refuses above ``max_bytes`` (default 256 MiB).
+
+        >>> x = np.random.rand(4, 2)
+        >>> Vi(x).sqdist(Vj(x)).dense().shape
+        (4, 4)
+        """
+        return materialize.dense(self, max_bytes)
 
     def _merged(self, other: LazyTensor):
         """Variables of both operands (shared ones once) and ``other``'s formula renumbered."""
