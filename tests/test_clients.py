@@ -90,21 +90,25 @@ def _clouds(generator, B, N, M, dtype=torch.float32, shared=0):
 
 @pytest.mark.skipif(geomloss_missing, reason="geomloss is not installed (pip install -e '.[test]')")
 @pytest.mark.parametrize("loss, kw, dtype, rtol", [
-    ("sinkhorn", {"p": 2, "blur": 0.05}, torch.float32, 1e-4),
+    # against the float64 dense path: float32 kernels reach ~1e-8 on values, ~4e-7 on gradients
+    ("sinkhorn", {"p": 2, "blur": 0.05}, torch.float32, 1e-5),
     # the dense |x - y| is clamped at 1e-4: the diagonal of the x-x and y-y terms is off by
     # that (about 1e-4 (1/N + 1/M) / 2 on the energy distance)
     ("sinkhorn", {"p": 1, "blur": 0.1}, torch.float32, 1e-3),
     ("energy", {}, torch.float32, 1e-3),
-    ("gaussian", {"blur": 0.1}, torch.float32, 1e-4)])
+    ("gaussian", {"blur": 0.1}, torch.float32, 1e-5)])
 def test_geomloss_online_matches_tensorized_batched(clients, loss, kw, dtype, rtol, rng):
     g = torch.Generator().manual_seed(int(rng.integers(2**31)))
     x, y = _clouds(g, 3, 150, 120, dtype)
     got, got_grads = _loss_and_grads(clients, loss, "online", x, y, **kw)
-    want, want_grads = _loss_and_grads(clients, loss, "tensorized", x, y, **kw)
-    assert got.shape == want.shape == (3,)
-    _close(got, want, rtol)
+    # the reference is the dense path in float64: in float32 its own gradient error reaches
+    # 1e-3 to 2e-2 of the largest entry (the p = 1 cost's sqrt and the dense softmin)
+    want, want_grads = _loss_and_grads(clients, loss, "tensorized", x.double(), y.double(),
+                                       **kw)
+    assert got.shape == want.shape == (3,) and got.dtype == dtype
+    _close(got.double(), want, rtol)
     for a, b in zip(got_grads, want_grads):
-        _close(a, b, 10 * rtol)
+        _close(a.double(), b, 10 * rtol)
 
 
 @pytest.mark.skipif(geomloss_missing, reason="geomloss is not installed (pip install -e '.[test]')")
