@@ -18,7 +18,8 @@ pytest.importorskip("nbclient")
 from tools import tutorials  # noqa: E402
 
 EXPECTED = ["01_getting_started", "02_kernel_regression", "03_knn_digits", "04_kmeans_gmm",
-            "05_optimal_transport", "06_gradients", "07_attention_and_ranges", "09_gpu"]
+            "05_optimal_transport", "06_gradients", "07_attention_and_ranges", "08_your_own_formulas",
+            "09_gpu"]
 
 
 def test_the_tutorials_are_there():
