@@ -187,7 +187,7 @@ def render_shared(formula, var_specs, reduction: str, opts: dict, dtype: str, *,
     The CPU skeleton passes its planned formula, its tile length and its renames.
     """
     red = reductions.get(reduction)
-    acc_dtype = opts.get("dtype_acc") or ("float64" if reduction == "sum" else dtype)
+    acc_dtype = red.acc_dtype(dtype, opts)
     return (
         _prelude(dtype, acc_dtype)
         + f"static const int TJ = {tj or tile_size(formula.dim, dtype)};\n"

@@ -39,7 +39,7 @@ or 1 when a work buffer could not be allocated.
 
 from __future__ import annotations
 
-from . import ir
+from . import ir, reductions
 from .cpu_plan import CpuPlan, plan_cpu
 from .render_c import (
     VarSpec,
@@ -557,14 +557,15 @@ def _render(formula, var_specs, reduction, opts, dtype, dot_tiling, lin=None) ->
         src = [render_shared(plan.formula, L.formula_specs, reduction, opts, dtype, tj=tj,
                              rename=cpu_renames)]
     else:  # the narrow formula, and the weighted sums' Acc (after the vector types)
-        acc_dtype = opts.get("dtype_acc") or ("float64" if reduction == "sum" else dtype)
+        acc_dtype = reductions.get(reduction).acc_dtype(dtype, opts)
         src = [_prelude(dtype, acc_dtype) + f"static const int TJ = {tj};\n"
                + render_formula(plan.formula, L.formula_specs, dtype, cpu_renames)]
     src.append("#ifdef _OPENMP\n#include <omp.h>\n#endif\n")
     src.append(_vector_header())
     if lin is not None:
-        src.append(wide_acc_code(lin, opts) if reduction == "sum"
-                   else wide_softmax_acc_code(lin, reduction))
+        red = reductions.get(reduction)
+        src.append(wide_acc_code(lin, opts) if red.wide == "sum"
+                   else wide_softmax_acc_code(lin, red))
     src.append(f"static const int64_t JCH = {jch};  // columns per staged chunk\n")
     if L.n_row_values:
         row_in = [v for v in L.orig if v.cat in ("i", "p")]

@@ -17,13 +17,11 @@ import functools
 
 import torch
 
-from .codegen import diff, ir, linearize, ops
+from .codegen import diff, ir, linearize, reductions
 from .codegen.arraymath import torch_namespace
+from .codegen.compositions import concat
 from .codegen.evaluate import evaluate
 from .engine import ReductionCall, execute
-
-_ARG_VARIANT = {"min": "min_argmin", "max": "max_argmax", "kmin": "kmin_argkmin"}
-_GATHER = {"min_argmin", "max_argmax", "kmin_argkmin"}
 
 
 class KernelReduction(torch.autograd.Function):
@@ -62,7 +60,7 @@ def apply_with_grad(call: ReductionCall, arrays: list, grad_mode: str | None = N
     ks = mixed.dual_slots(call, arrays, mode)
     if ks:
         return [mixed.FusedReduction.apply(call, tuple(ks), *arrays)]
-    variant = _ARG_VARIANT.get(call.reduction)
+    variant = reductions.get(call.reduction).arg_variant
     if variant is not None:
         full = call.with_formula(call.formula, call.cats, call.dims, variant, call.opts)
         return list(KernelReduction.apply(full, *arrays))[:1]
@@ -70,45 +68,20 @@ def apply_with_grad(call: ReductionCall, arrays: list, grad_mode: str | None = N
 
 
 def reduction_vjp(call, inputs, outs, grads, needs) -> list:
-    red = call.reduction
+    red = reductions.get(call.reduction)
     if not any(needs):
         return [None] * len(inputs)
-    if red in _GATHER:
+    if red.gradient == "gather":
         return _gather_vjp(call, inputs, outs, grads[0], needs)
     g = grads[0]
-    F = call.formula
-    if red == "sum":
-        return _sum_vjp(call, F, inputs, [], g, needs)
-    k_out = ir.var(len(inputs), outs[0].shape[-1], "i")
-    if red == "logsumexp":
-        G = ops.apply("exp", ops.apply("sub", F, k_out))
-        return _sum_vjp(call, G, inputs, [outs[0]], g, needs)
-    f = ops.apply("slice", F, params=(0, 1))
-    w = ops.apply("slice", F, params=(1, F.dim - 1))
-    if red == "logsumexp_weight":
-        G = ops.apply("mul", ops.apply("exp", ops.apply("sub", f, k_out)), w)
-        return _sum_vjp(call, G, inputs, [outs[0]], g, needs)
-    if red == "sumsoftmaxweight":
-        lse = ir.var(len(inputs) + 1, 1, "i")
-        softmax = ops.apply("exp", ops.apply("sub", f, lse))
-        G = ops.apply("mul", softmax, ops.apply("sub", w, k_out))
-        if grads[1] is not None:
-            # The auxiliary log-sum-exp output is used by first-order gradients, so it
-            # receives a cotangent in double backward: d lse = Σ_j softmax_ij df_ij.
-            G = ops.apply("concat", G, softmax)
-            g0 = g if g is not None else torch.zeros_like(outs[0])
-            g = torch.cat([g0, grads[1]], dim=-1)
-        return _sum_vjp(call, G, inputs, [outs[0], outs[1]], g, needs)
-    raise NotImplementedError(
-        f"the {red} reduction has no gradient (use logsumexp / min_argmin instead)"
-    )
-
-
-def _concat(nodes):
-    out = nodes[0]
-    for n in nodes[1:]:
-        out = ops.apply("concat", out, n)
-    return out
+    saved = outs[: red.vjp_saves]
+    saved_vars = [ir.var(len(inputs) + q, o.shape[-1], "i") for q, o in enumerate(saved)]
+    aux = red.gradient == "sum" and any(gr is not None for gr in grads[red.user_outputs:])
+    G = red.vjp_formula(call.formula, saved_vars, aux)
+    if aux:
+        g0 = g if g is not None else torch.zeros_like(outs[0])
+        g = torch.cat([g0, *grads[red.user_outputs:]], dim=-1)
+    return _sum_vjp(call, G, inputs, saved, g, needs)
 
 
 def _sum_vjp(call, G, inputs, extra, g, needs) -> list:
@@ -129,7 +102,7 @@ def _sum_vjp(call, G, inputs, extra, g, needs) -> list:
         ks = [k for k in wanted if call.cats[k] in side]
         if not ks:
             continue
-        formula = _concat([cot[xs[k]] for k in ks])
+        formula = concat([cot[xs[k]] for k in ks])
         sub = call.with_formula(formula, cats, dims, "sum", _sum_opts(call), axis=axis)
         total = sum_split_rows(sub, args)
         offset = 0

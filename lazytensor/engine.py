@@ -241,7 +241,7 @@ def reduce(formula: ir.Node, variables: list, reduction: str, axis: int, opts: d
         outs = apply_with_grad(call, arrays, grad_mode)
     else:
         outs = execute(call, arrays)
-    outs = [_shape_output(o, red, call.formula.dim, opts) for o in outs[: _n_user_outputs(red)]]
+    outs = [red.shape_output(o, call.formula.dim, opts) for o in outs[: red.user_outputs]]
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
@@ -306,21 +306,6 @@ def _needs_grad(arrays) -> bool:
     import torch
 
     return torch.is_grad_enabled() and any(a.requires_grad for a in arrays)
-
-
-_TWO_OUTPUTS = ("min_argmin", "max_argmax", "kmin_argkmin")
-
-
-def _n_user_outputs(red) -> int:
-    """Outputs the user sees (sumsoftmaxweight's second output is for gradients only)."""
-    return 2 if red.name in _TWO_OUTPUTS else 1
-
-
-def _shape_output(out, red, F: int, opts: dict):
-    if red.name in ("kmin", "argkmin", "kmin_argkmin") and F > 1:
-        K = int(opts["K"])
-        return out.reshape(*out.shape[:-1], K, F)
-    return out
 
 
 __all__ = ["ReductionCall", "Variable", "execute", "reduce"]

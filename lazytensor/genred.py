@@ -21,31 +21,7 @@ import numpy as np
 
 from . import engine
 from .binding import Variable, array_dtype, is_torch
-from .codegen import ops, parse
-
-# KeOps reduction name (lower case) -> (our reduction, needs K, takes formula2)
-_REDUCTIONS = {
-    "sum": ("sum", False, False),
-    "min": ("min", False, False),
-    "max": ("max", False, False),
-    "argmin": ("argmin", False, False),
-    "argmax": ("argmax", False, False),
-    "min_argmin": ("min_argmin", False, False),
-    "max_argmax": ("max_argmax", False, False),
-    "kmin": ("kmin", True, False),
-    "argkmin": ("argkmin", True, False),
-    "kmin_argkmin": ("kmin_argkmin", True, False),
-    "logsumexp": ("logsumexp", False, True),
-    "max_sumshiftexp": ("max_sumshiftexp", False, False),
-    "sumsoftmaxweight": ("sumsoftmaxweight", False, True),
-}
-_KEOPS_NAMES = ("Sum, Min, Max, ArgMin, ArgMax, Min_ArgMin, Max_ArgMax, KMin, ArgKMin, "
-                "KMin_ArgKMin, LogSumExp, Max_SumShiftExp, SumSoftMaxWeight")
-
-
-# Reductions that accumulate sums: pykeops lets dtype_acc and sum_scheme change only these.
-SUM_TYPE_REDUCTIONS = ("sum", "logsumexp", "logsumexp_weight", "sumsoftmaxweight",
-                       "max_sumshiftexp")
+from .codegen import ops, parse, reductions
 
 
 def reduction_options(reduction: str, dtype_acc="auto", use_double_acc=False,
@@ -68,7 +44,8 @@ def reduction_options(reduction: str, dtype_acc="auto", use_double_acc=False,
     if sum_scheme not in ("auto", "direct_sum", "block_sum", "kahan_scheme"):
         raise ValueError("sum_scheme must be 'auto', 'direct_sum', 'block_sum' or 'kahan_scheme', "
                          f"got {sum_scheme!r}")
-    if reduction not in SUM_TYPE_REDUCTIONS:
+    red = reductions.get(reduction)
+    if not red.sum_type:
         if dtype_acc != "auto":
             raise ValueError(f"dtype_acc={dtype_acc!r} (or use_double_acc) only applies to sum-type "
                              f"reductions (Sum, LogSumExp, SumSoftMaxWeight), not {reduction}")
@@ -78,7 +55,7 @@ def reduction_options(reduction: str, dtype_acc="auto", use_double_acc=False,
         return opts
     if dtype_acc != "auto":
         opts["dtype_acc"] = dtype_acc
-    if sum_scheme != "auto" and reduction == "sum":
+    if sum_scheme in red.sum_schemes:
         opts["sum_scheme"] = sum_scheme
     return opts
 
@@ -110,22 +87,26 @@ IGNORED_OPTIONS = ("enable_chunks", "use_fast_math", "optional_flags", "device_i
 def _reduction(reduction_op: str, opt_arg, formula2):
     if not isinstance(reduction_op, str):
         raise TypeError(f"reduction_op must be a string, got {type(reduction_op).__name__}")
-    key = reduction_op.lower()
-    key = key.removesuffix("_reduction")
-    if key not in _REDUCTIONS:
-        raise ValueError(f"unknown reduction {reduction_op!r}; expected one of {_KEOPS_NAMES}")
-    name, needs_k, takes_formula2 = _REDUCTIONS[key]
+    key = reduction_op.lower().removesuffix("_reduction")
+    keops = {r.keops_name.lower(): r for r in reductions.all_reductions() if r.keops_name}
+    red = keops.get(key)
+    if red is None:
+        names = ", ".join(r.keops_name for r in reductions.all_reductions() if r.keops_name)
+        raise ValueError(f"unknown reduction {reduction_op!r}; expected one of {names}")
+    name = red.name
     opts = {}
-    if needs_k:
+    if red.needs_k:
         if isinstance(opt_arg, bool) or not isinstance(opt_arg, numbers.Integral) or opt_arg < 1:
             raise ValueError(f"{reduction_op} needs opt_arg=K, a positive integer; got {opt_arg!r}")
         opts["K"] = int(opt_arg)
-    if formula2 is not None and not takes_formula2:
-        raise ValueError(f"formula2 is only used by LogSumExp and SumSoftMaxWeight, not {reduction_op}")
-    if name == "sumsoftmaxweight" and formula2 is None:
-        raise ValueError("SumSoftMaxWeight needs formula2 (the weights)")
-    if name == "logsumexp" and formula2 is not None:
-        name = "logsumexp_weight"
+    if formula2 is not None and not (red.weighted or red.weighted_variant):
+        takers = [r.keops_name for r in reductions.all_reductions()
+                  if r.keops_name and (r.weighted or r.weighted_variant)]
+        raise ValueError(f"formula2 is only used by {' and '.join(takers)}, not {reduction_op}")
+    if red.weighted and formula2 is None:
+        raise ValueError(f"{red.keops_name} needs formula2 (the weights)")
+    if red.weighted_variant and formula2 is not None:
+        name = red.weighted_variant
     return name, opts
 
 

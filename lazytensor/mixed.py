@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import torch
 
-from .autograd import _concat
-from .codegen import diff, ir
+from .codegen import diff, ir, reductions
 from .engine import ReductionCall, execute
 
 GRAD_MODES = ("auto", "symbolic", "dual")
-FUSABLE = ("sum", "logsumexp")
 
 # Largest total tangent dimension k for which "auto" picks dual mode. Measured on the CPU
 # backend with `python -m benchmarks.bench --suite dual`: fused forward+backward beats
@@ -48,11 +46,12 @@ def default_grad_mode() -> str:
 
 def dual_slots(call: ReductionCall, arrays: list, mode: str) -> list[int]:
     """Indices of the inputs whose gradient will come from fused tangents ([] = symbolic)."""
-    if mode == "symbolic" or call.reduction not in FUSABLE:
-        if mode == "dual" and call.reduction not in FUSABLE:
-            raise ValueError(
-                f"grad_mode='dual' supports the reductions {FUSABLE}, not {call.reduction}"
-            )
+    fusable = reductions.get(call.reduction).fusable
+    if mode == "symbolic" or not fusable:
+        if mode == "dual" and not fusable:
+            names = [r.name for r in reductions.all_reductions() if r.fusable]
+            raise ValueError(f"grad_mode='dual' supports the reductions {tuple(names)}, "
+                             f"not {call.reduction}")
         return []
     ks = [k for k, a in enumerate(arrays) if a.requires_grad and call.cats[k] in ("i", "p")]
     k_total = sum(call.dims[k] for k in ks)
@@ -79,10 +78,10 @@ def fused_call(call: ReductionCall, ks: list[int]) -> ReductionCall:
     Sum: ``concat(F, ∂F...)`` summed. LogSumExp: the same formula read as ``f`` and the
     weights ``∂f`` of a softmax-weighted sum, whose second output is the log-sum-exp.
     """
-    formula = _concat([call.formula, *tangent_formulas(call.formula, call, ks)])
-    if call.reduction == "sum":
-        return call.with_formula(formula, call.cats, call.dims, "sum", call.opts)
-    return call.with_formula(formula, call.cats, call.dims, "sumsoftmaxweight", ())
+    red = reductions.get(call.reduction)
+    formula, reduction, keep_opts = red.dual(call.formula, tangent_formulas(call.formula, call, ks))
+    return call.with_formula(formula, call.cats, call.dims, reduction,
+                             call.opts if keep_opts else ())
 
 
 class FusedReduction(torch.autograd.Function):
@@ -92,12 +91,7 @@ class FusedReduction(torch.autograd.Function):
     def forward(ctx, call: ReductionCall, ks: tuple, *tensors):
         fused = fused_call(call, list(ks))
         outs = execute(fused, list(tensors))
-        F = call.formula.dim
-        if call.reduction == "sum":
-            out, J = outs[0][..., :F], outs[0][..., F:]
-            J = J.reshape(*J.shape[:-1], -1, F)  # (..., k, F)
-        else:
-            out, J = outs[1], outs[0][..., None]  # lse and Σ softmax ∂f: (..., k, 1)
+        out, J = reductions.get(call.reduction).dual_outputs(outs, call.formula.dim)
         out = out.contiguous()
         ctx.call, ctx.ks, ctx.n_in = call, tuple(ks), len(tensors)
         ctx.save_for_backward(*tensors, out, J)
