@@ -19,13 +19,11 @@ from __future__ import annotations
 
 import ctypes
 import os
-import sys
-import threading
 from dataclasses import dataclass
 
-from .codegen import ir, reductions
+from .codegen import reductions
 from .codegen.render_cuda import MAX_BATCH_DIMS, THREADS, args_fields, tile_rows
-from .runtime import KernelSpec, _debug
+from .kernels import Backend, KernelSpec, kernel_file, load_once
 
 KERNEL_NAME = "lt"  # symbols lt_reduce, lt_merge, lt_acc
 _BLOCKS_PER_SM = 4  # blocks per multiprocessor the split-j scheme aims for
@@ -188,8 +186,6 @@ class CudaKernel:
 
 
 _table: dict = {}
-_table_lock = threading.Lock()
-_build_locks: dict = {}
 
 
 def device_index(device) -> int:
@@ -205,21 +201,10 @@ def device_index(device) -> int:
 def get_cuda_kernel(spec: KernelSpec, device) -> CudaKernel:
     """The kernel of ``spec`` loaded on ``device`` (built and cached on first use)."""
     index = device_index(device)
-    kernel = _table.get((spec, index))
-    if kernel is not None:
-        return kernel
-    with _table_lock:
-        lock = _build_locks.setdefault((spec, index), threading.Lock())
-    with lock:
-        kernel = _table.get((spec, index))
-        if kernel is None:
-            kernel = CudaKernel(spec, index, _cubin(spec, index))
-            _table[(spec, index)] = kernel
-    return kernel
+    return load_once(_table, (spec, index), lambda: CudaKernel(spec, index, _cubin(spec, index)))
 
 
 def _cubin(spec: KernelSpec, index: int) -> bytes:
-    from .cache import default_cache
     from .codegen.compilers import CompilerNotFound, compile_cuda, cuda_identity
     from .cuda_driver import driver
 
@@ -230,27 +215,15 @@ def _cubin(spec: KernelSpec, index: int) -> bytes:
     except CompilerNotFound as e:
         raise RuntimeError(f"{e}: the CUDA backend compiles its kernels with nvcc; install "
                            "the CUDA toolkit, or move the inputs to the CPU with .cpu()") from e
-    key = spec.key("cuda", identity)
-    cache = default_cache()
-    path = cache.lookup(key, "kernel.cubin")
-    if path is None:
-        def build(tmpdir):
-            from .codegen.render_cuda import render_cuda_kernel
+    from .codegen.render_cuda import render_cuda_kernel
 
-            source = render_cuda_kernel(spec.formula, list(spec.var_specs), spec.reduction,
-                                        spec.opts_dict, spec.dtype, name=KERNEL_NAME)
-            if _debug():
-                print(f"[lazytensor] building CUDA kernel {key} for {arch}\n{source}",
-                      file=sys.stderr)
-            compile_cuda(source, tmpdir, arch, "kernel",
-                         what=f"{spec.reduction} of {ir.to_text(spec.formula)[:300]}")
-            return {"reduction": spec.reduction, "dtype": spec.dtype, "arch": arch,
-                    "formula": ir.to_text(spec.formula)[:500]}
-
-        path = cache.get_or_build(key, build, "kernel.cubin")
-    elif _debug():
-        print(f"[lazytensor] loaded CUDA kernel {key} from {path}", file=sys.stderr)
-    return path.read_bytes()
+    backend = Backend(
+        "cuda", "kernel.cubin", identity,
+        render=lambda spec: render_cuda_kernel(spec.formula, list(spec.var_specs), spec.reduction,
+                                               spec.opts_dict, spec.dtype, name=KERNEL_NAME),
+        compile=lambda source, tmpdir, what: compile_cuda(source, tmpdir, arch, "kernel", what=what),
+        meta={"arch": arch})
+    return kernel_file(backend, spec).read_bytes()
 
 
 # ---------------------------------------------------------------------------- launch

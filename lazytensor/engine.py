@@ -1,67 +1,49 @@
-"""Running a reduction: checks, i/j swap, backend choice, dispatch, output shapes.
+"""Running a reduction in two stages: ``prepare`` once, ``run`` on every call.
 
 ``reduce(formula, variables, "sum", axis=1)`` is what every LazyTensor reduction and
-``Genred`` call comes down to. Reductions over i (axis 0) run the same kernel with the
-roles of i and j exchanged. Torch inputs that require grad go through
-:class:`lazytensor.autograd.KernelReduction`.
+``Genred`` call comes down to. It looks up the :class:`Plan` of the call in one bounded
+LRU cache, keyed by the formula, the reduction and its options, the backend, the kind of
+each variable (category, dimension, library, dtype, shape, device, whether it requires a
+gradient), whether torch records gradients and the gradient mode. On a miss,
+:func:`prepare` does all the symbolic work: binding and checks, the i↔j swap of a
+reduction over i (axis 0), the backend, the route through autograd (plain, symbolic
+gradient, gradient through indices, fused dual numbers of :mod:`lazytensor.dual`), the
+tangent formulas of dual mode and the VJP formulas of the expected backward
+(:func:`lazytensor.autograd.vjp_plan`). :meth:`Plan.run` then only makes Python numbers
+into arrays, allocates, launches (the kernels and launch arguments are kept by the calls,
+:mod:`lazytensor.dispatch`) and shapes the outputs.
+
+The plan cache holds :data:`PLAN_CACHE_SIZE` plans, least recently used first out. A
+plan holds its calls, their loaded kernels and launch arguments and its gradient plans: a
+few kB (formulas are shared by hash-consing), so a full cache stays within tens of MB.
+Block-sparse reductions (:mod:`lazytensor.ranges`) take one plan per distinct block
+shape. :func:`clear_plans` empties it.
 """
 
 from __future__ import annotations
 
+import sys
+import threading
 import warnings
-import weakref
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
-from . import reference, runtime
-from .binding import Signature, Variable, bind, is_torch
+from .binding import bind
 from .codegen import ir, reductions
-from .codegen.render_c import VarSpec
+from .dispatch import ReductionCall, execute, scalar_array, swap_cat
+from .options import BACKENDS, check_grad_mode, default_grad_mode
 
-BACKENDS = ("auto", "cpu", "cuda", "numpy")
-_SWAP = {"i": "j", "j": "i", "p": "p"}
-
-
-@dataclass(frozen=True, eq=False)
-class ReductionCall:
-    """A bound reduction over j: the formula, its variables' layout, options, sizes."""
-
-    formula: ir.Node
-    cats: tuple
-    dims: tuple
-    reduction: str
-    opts: tuple
-    backend: str
-    library: str
-    dtype: str
-    device: str
-    batch: tuple
-    N: int
-    M: int
-
-    @property
-    def opts_dict(self) -> dict:
-        return dict(self.opts)
-
-    def outputs(self):
-        return reductions.get(self.reduction).outputs(self.formula.dim, self.opts_dict)
-
-    def with_formula(self, formula, cats, dims, reduction="sum", opts=(), axis=1):
-        """A new call on the same sizes (used by gradients); axis 0 swaps i and j."""
-        N, M = self.N, self.M
-        if axis == 0:
-            formula = ir.swap_ij(formula)
-            cats = tuple(_SWAP[c] for c in cats)
-            N, M = M, N
-        return ReductionCall(formula, tuple(cats), tuple(dims), reduction, tuple(opts),
-                             self.backend, self.library, self.dtype, self.device, self.batch, N, M)
-
+PLAN_CACHE_SIZE = 4096
 
 _warned_fallback = False
 
 
 def _resolve_backend(backend: str, device: str) -> str:
+    """The backend that runs a call on ``device`` ("auto": CPU kernels, or CUDA for CUDA
+    tensors; the NumPy reference, with a warning, when no C++ compiler exists)."""
     global _warned_fallback
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
@@ -86,135 +68,89 @@ def _resolve_backend(backend: str, device: str) -> str:
     return backend
 
 
-def _ptr(a) -> int:
-    return a.data_ptr() if is_torch(a) else a.ctypes.data
+@dataclass(eq=False)
+class Plan:
+    """A prepared reduction: everything but the arrays.
 
+    ``route``: "plain" (no autograd), "grad" (:class:`~lazytensor.autograd.KernelReduction`
+    on ``call``), "arg" (the same on the reduction's ``arg_variant``, whose indices the
+    gradient gathers through) or "dual" (:class:`~lazytensor.dual.FusedReduction` with
+    the fused inputs ``dual_slots``); ``apply`` is the autograd Function's ``apply``.
+    """
 
-def _alloc(call: ReductionCall, like):
-    outs = []
-    for o in call.outputs():
-        shape = (*call.batch, call.N, o.dim)
-        if call.library == "torch":
-            import torch
+    call: ReductionCall
+    red: reductions.Reduction
+    opts: dict
+    route: str = "plain"
+    apply: Callable | None = None
+    run_call: ReductionCall | None = None
+    dual_slots: tuple = ()
+    scalars: dict = field(default_factory=dict)  # value -> 1-element array
 
-            dt = getattr(torch, call.dtype) if o.kind == "value" else torch.int64
-            outs.append(torch.empty(shape, dtype=dt, device=call.device))
+    def run(self, variables: list):
+        """The outputs of the reduction on ``variables`` (of the kinds it was prepared for)."""
+        call = self.call
+        arrays = [self._scalar(v.data) if v.is_scalar else v.data for v in variables]
+        route = self.route
+        if route == "plain":
+            outs = execute(call, arrays)
+        elif route == "grad":
+            outs = self.apply(call, *arrays)
+        elif route == "arg":
+            outs = self.apply(self.run_call, *arrays)[:1]
         else:
-            outs.append(np.empty(shape, dtype=call.dtype if o.kind == "value" else np.int64))
-    return outs
+            outs = [self.apply(call, self.dual_slots, *arrays)]
+        red, F = self.red, call.formula.dim
+        outs = [red.shape_output(o, F, self.opts) for o in outs[: red.user_outputs]]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _scalar(self, value: float):
+        a = self.scalars.get(value)
+        if a is None:
+            if len(self.scalars) >= 16:
+                self.scalars.clear()
+            call = self.call
+            a = self.scalars[value] = scalar_array(value, call.library, call.dtype, call.device)
+        return a
 
 
-def execute(call: ReductionCall, arrays: list) -> list:
-    """Outputs of ``call`` on canonical arrays (no autograd)."""
-    if call.backend == "numpy":
-        data = [a.detach().cpu().numpy() if is_torch(a) else a for a in arrays]
-        res = reference.reduce(call.formula, data, list(call.cats), call.batch, call.N, call.M,
-                               call.reduction, call.opts_dict)
-        outs = []
-        for r, o in zip(res, call.outputs()):
-            r = r.astype(call.dtype if o.kind == "value" else np.int64)
-            if call.library == "torch":
-                import torch
+class PlanCache:
+    """The plans of recent calls: at most ``size``, least recently used first out."""
 
-                r = torch.from_numpy(r).to(call.device)
-            outs.append(r)
-        return outs
-    if call.backend == "cpu":
-        return _execute_cpu(call, arrays)
-    spec = runtime.KernelSpec(
-        call.formula,
-        tuple(VarSpec(k, d, c) for k, (d, c) in enumerate(zip(call.dims, call.cats))),
-        call.reduction, call.opts, call.dtype,
-    )
-    if call.backend == "cuda":
-        from . import cuda_runtime  # loads the driver, only for CUDA tensors
+    def __init__(self, size: int):
+        self.size = size
+        self._plans: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
 
-        kernel = cuda_runtime.get_cuda_kernel(spec, call.device)
-    else:
-        kernel = runtime.get_cpu_kernel(spec)
-    contiguous = [_contiguous(a) for a in arrays]
-    outs = _alloc(call, arrays[0] if arrays else None)
-    if call.N > 0 and all(s > 0 for s in call.batch):
-        if call.backend == "cuda":
-            cuda_runtime.launch_cuda(kernel, contiguous, list(call.cats), call.batch, call.N,
-                                     call.M, outs)
-        else:
-            runtime.launch_cpu(kernel, contiguous, list(call.cats), call.batch, call.N,
-                               call.M, outs, _ptr)
-    return outs
+    def get(self, key):
+        plan = self._plans.get(key)
+        if plan is not None:
+            try:
+                self._plans.move_to_end(key)
+            except KeyError:  # evicted by another thread meanwhile
+                pass
+        return plan
+
+    def put(self, key, plan: Plan) -> None:
+        with self._lock:
+            self._plans[key] = plan
+            while len(self._plans) > self.size:
+                self._plans.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._plans.clear()
+
+    def __len__(self) -> int:
+        return len(self._plans)
 
 
-# call -> (shapes, CpuLaunch, output specs): a call that comes back (the reduce cache
-# hands out the same call object) neither rebuilds its kernel spec nor its arguments.
-_cpu_calls: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_plans = PlanCache(PLAN_CACHE_SIZE)
 
 
-def _execute_cpu(call: ReductionCall, arrays: list) -> list:
-    torch_lib = call.library == "torch"
-    if torch_lib:
-        arrays = [a if a.is_contiguous() else a.detach().contiguous() for a in arrays]
-    else:
-        arrays = [np.ascontiguousarray(a) for a in arrays]
-    shapes = tuple(a.shape for a in arrays)
-    hit = _cpu_calls.get(call)
-    if hit is None or hit[0] != shapes:
-        spec = runtime.KernelSpec(
-            call.formula,
-            tuple(VarSpec(k, d, c) for k, (d, c) in enumerate(zip(call.dims, call.cats))),
-            call.reduction, call.opts, call.dtype,
-        )
-        kernel = runtime.get_cpu_kernel(spec)
-        launch = runtime.cpu_launch(kernel, tuple(tuple(s) for s in shapes), call.cats,
-                                    call.batch, call.N, call.M)
-        hit = _cpu_calls[call] = (shapes, launch, _out_specs(call))
-    _, launch, specs = hit
-    if torch_lib:
-        import torch
-
-        outs = [torch.empty(shape, dtype=dt) for shape, dt in specs]
-        ptr = _torch_ptr
-    else:
-        outs = [np.empty(shape, dtype=dt) for shape, dt in specs]
-        ptr = _numpy_ptr
-    if launch.rows > 0:
-        launch(arrays, outs, ptr)
-    return outs
-
-
-def _torch_ptr(a) -> int:
-    return a.data_ptr()
-
-
-def _numpy_ptr(a) -> int:
-    return a.ctypes.data
-
-
-def _out_specs(call: ReductionCall) -> list:
-    """(shape, dtype) of each output, in the call's library."""
-    specs = []
-    for o in call.outputs():
-        shape = (*call.batch, call.N, o.dim)
-        if call.library == "torch":
-            import torch
-
-            specs.append((shape, getattr(torch, call.dtype) if o.kind == "value" else torch.int64))
-        else:
-            specs.append((shape, np.dtype(call.dtype if o.kind == "value" else np.int64)))
-    return specs
-
-
-def _contiguous(a):
-    if is_torch(a):
-        return a if a.is_contiguous() else a.detach().contiguous()
-    return np.ascontiguousarray(a)
-
-
-def scalar_array(value: float, sig: Signature):
-    if sig.library == "torch":
-        import torch
-
-        return torch.full((1,), float(value), dtype=getattr(torch, sig.dtype), device=sig.device)
-    return np.full((1,), float(value), dtype=sig.dtype)
+def clear_plans() -> None:
+    """Forget every prepared reduction (kernels stay loaded and on disk)."""
+    _plans.clear()
 
 
 def reduce(formula: ir.Node, variables: list, reduction: str, axis: int, opts: dict,
@@ -223,47 +159,42 @@ def reduce(formula: ir.Node, variables: list, reduction: str, axis: int, opts: d
 
     Returns one array (or a tuple for two-output reductions) in the inputs' library.
     ``grad_mode`` ("auto", "symbolic", "dual"; default: the process-wide default) chooses
-    how torch gradients are computed (see :mod:`lazytensor.mixed`).
+    how torch gradients are computed (see :mod:`lazytensor.dual`).
     """
-    key = _call_key(formula, variables, reduction, axis, opts, backend)
-    hit = _prepared.get(key) if key is not None else None
-    if hit is None:
-        hit = _prepare(formula, variables, reduction, axis, opts, backend)
+    grad_mode = grad_mode or default_grad_mode()
+    key = _plan_key(formula, variables, reduction, axis, opts, backend, grad_mode)
+    plan = _plans.get(key) if key is not None else None
+    if plan is None:
+        plan = prepare(formula, variables, reduction, axis, opts, backend, grad_mode)
         if key is not None:
-            if len(_prepared) > 4096:
-                _prepared.clear()
-            _prepared[key] = hit
-    call, red, opts = hit
-    arrays = [_scalar_array(v.data, call) if v.is_scalar else v.data for v in variables]
-    if call.library == "torch" and _needs_grad(arrays):
-        from .autograd import apply_with_grad
-
-        outs = apply_with_grad(call, arrays, grad_mode)
-    else:
-        outs = execute(call, arrays)
-    outs = [red.shape_output(o, call.formula.dim, opts) for o in outs[: red.user_outputs]]
-    return outs[0] if len(outs) == 1 else tuple(outs)
+            _plans.put(key, plan)
+    return plan.run(variables)
 
 
-# A repeated reduction (same formula, options, and variables of the same kinds, dtypes,
-# devices and shapes) skips binding and checking: they passed for this key before.
-_prepared: dict = {}
-
-
-def _call_key(formula, variables, reduction, axis, opts, backend):
+def _plan_key(formula, variables, reduction, axis, opts, backend, grad_mode):
+    """The key of a call's plan, or None when something in it cannot be hashed."""
     try:
         vk = tuple((v.cat, v.dim) if v.is_scalar else
                    (v.cat, v.dim, type(v.data), v.data.dtype, v.data.shape,
-                    getattr(v.data, "device", None)) for v in variables)
-        key = (formula, reduction, axis, tuple(opts.items()) if opts else (), backend, vk)
+                    getattr(v.data, "device", None), getattr(v.data, "requires_grad", False))
+                   for v in variables)
+        key = (formula, reduction, axis, tuple(opts.items()) if opts else (), backend, vk,
+               _grad_enabled(), grad_mode)
         hash(key)
         return key
     except (TypeError, AttributeError):
         return None
 
 
-def _prepare(formula, variables, reduction, axis, opts, backend):
-    """(call, reduction, opts): bind and check the variables, build the call."""
+def _grad_enabled() -> bool:
+    torch = sys.modules.get("torch")  # not imported for NumPy users
+    return torch is not None and torch.is_grad_enabled()
+
+
+def prepare(formula: ir.Node, variables: list, reduction: str, axis: int, opts: dict,
+            backend: str = "auto", grad_mode: str = "auto") -> Plan:
+    """Bind and check the variables, build the call and its route through autograd, and
+    work out the symbolic part of the gradients the call will need."""
     red = reductions.get(reduction)
     # K=np.int64(5) must hash (JSON) and compile like K=5.
     opts = {k: int(v) if isinstance(v, np.integer) else v for k, v in opts.items()}
@@ -278,34 +209,53 @@ def _prepare(formula, variables, reduction, axis, opts, backend):
     N, M = sig.N, sig.M
     if axis == 0:
         formula = ir.swap_ij(formula)
-        cats = [_SWAP[c] for c in cats]
+        cats = [swap_cat(c) for c in cats]
         N, M = M, N
     red.check(formula.dim, opts, M)
     backend = _resolve_backend(backend, sig.device)
     call = ReductionCall(formula, tuple(cats), tuple(dims), red.name,
                          tuple(sorted(opts.items())), backend, sig.library, sig.dtype,
                          sig.device, sig.batch, N, M)
-    return call, red, opts
+    plan = Plan(call, red, opts)
+    requires = tuple(bool(getattr(v.data, "requires_grad", False)) for v in variables)
+    if sig.library == "torch" and _grad_enabled() and any(requires):
+        _prepare_gradients(plan, requires, grad_mode)
+    return plan
 
 
-_scalars: dict = {}
+def _prepare_gradients(plan: Plan, requires: tuple, grad_mode: str) -> None:
+    """The route of a call whose inputs require a gradient, and its symbolic parts."""
+    from . import dual
+    from .autograd import KernelReduction
+
+    call, red = plan.call, plan.red
+    ks = dual.dual_slots(call, requires, check_grad_mode(grad_mode))
+    plan.apply = KernelReduction.apply
+    if ks:
+        plan.route, plan.dual_slots, plan.apply = "dual", ks, dual.FusedReduction.apply
+        dual.fused_call(call, ks)
+        rest = tuple(r and k not in ks for k, r in enumerate(requires))
+        if any(rest):
+            _prepare_vjp(call, rest)
+    elif red.arg_variant is not None:
+        plan.route = "arg"
+        plan.run_call = call.with_formula(call.formula, call.cats, call.dims, red.arg_variant,
+                                          call.opts)
+    else:
+        plan.route = "grad"
+        if red.gradient == "sum":
+            _prepare_vjp(call, requires)
 
 
-def _scalar_array(value: float, call: ReductionCall):
-    """A Python number as a 1-element array of the call's library, dtype and device."""
-    key = (float(value), call.library, call.dtype, call.device)
-    a = _scalars.get(key)
-    if a is None:
-        if len(_scalars) > 1024:
-            _scalars.clear()
-        a = _scalars[key] = scalar_array(value, call)
-    return a
+def _prepare_vjp(call: ReductionCall, needs: tuple) -> None:
+    """The VJP formulas of the first backward, when they exist (a formula without a
+    derivative raises at backward time, as it would without this preparation)."""
+    from .autograd import vjp_plan
+
+    try:
+        vjp_plan(call, needs, False)
+    except NotImplementedError:
+        pass
 
 
-def _needs_grad(arrays) -> bool:
-    import torch
-
-    return torch.is_grad_enabled() and any(a.requires_grad for a in arrays)
-
-
-__all__ = ["ReductionCall", "Variable", "execute", "reduce"]
+__all__ = ["Plan", "ReductionCall", "clear_plans", "prepare", "reduce"]

@@ -21,93 +21,8 @@ import numpy as np
 
 from . import engine
 from .binding import Variable, array_dtype, is_torch
-from .codegen import ops, parse, reductions
-
-
-def reduction_options(reduction: str, dtype_acc="auto", use_double_acc=False,
-                      sum_scheme="auto") -> dict:
-    """Engine options from pykeops's accumulation arguments, with pykeops's rules.
-
-    ``dtype_acc`` / ``use_double_acc`` (one of the two) and ``sum_scheme`` other than
-    "auto" / "direct_sum" apply to the sum-type reductions only (Sum and the log-sum-exp
-    family): a min or a K-min has nothing to accumulate, and pykeops rejects them there
-    too. The log-sum-exp family always accumulates per tile of j (a block sum), so its
-    ``sum_scheme`` is accepted and has no further effect.
-    """
-    opts = {}
-    if dtype_acc not in ("auto", "float32", "float64"):
-        raise ValueError(f"dtype_acc must be 'auto', 'float32' or 'float64', got {dtype_acc!r}")
-    if use_double_acc:
-        if dtype_acc != "auto":
-            raise ValueError(f"set either use_double_acc=True or dtype_acc={dtype_acc!r}, not both")
-        dtype_acc = "float64"
-    if sum_scheme not in ("auto", "direct_sum", "block_sum", "kahan_scheme"):
-        raise ValueError("sum_scheme must be 'auto', 'direct_sum', 'block_sum' or 'kahan_scheme', "
-                         f"got {sum_scheme!r}")
-    red = reductions.get(reduction)
-    if not red.sum_type:
-        if dtype_acc != "auto":
-            raise ValueError(f"dtype_acc={dtype_acc!r} (or use_double_acc) only applies to sum-type "
-                             f"reductions (Sum, LogSumExp, SumSoftMaxWeight), not {reduction}")
-        if sum_scheme not in ("auto", "direct_sum"):
-            raise ValueError(f"sum_scheme={sum_scheme!r} only applies to sum-type reductions "
-                             f"(Sum, LogSumExp, SumSoftMaxWeight), not {reduction}")
-        return opts
-    if dtype_acc != "auto":
-        opts["dtype_acc"] = dtype_acc
-    if sum_scheme in red.sum_schemes:
-        opts["sum_scheme"] = sum_scheme
-    return opts
-
-
-# pykeops's backend names -> ours. "GPU_1D"/"GPU_2D" (and their "_host"/"_device" forms)
-# choose a CUDA scheme in pykeops; here the CUDA backend picks its own scheme.
-_KEOPS_BACKENDS = {"CPU": "cpu", "GPU": "cuda"}
-
-
-def keops_backend(backend) -> str:
-    """Our backend name for a pykeops one ("CPU", "GPU", "GPU_1D", ...); others unchanged."""
-    if isinstance(backend, str):
-        head = backend.split("_", 1)[0]
-        if head in _KEOPS_BACKENDS and (backend in _KEOPS_BACKENDS or (
-                head == "GPU" and backend[4:] in _GPU_SCHEMES)):
-            return _KEOPS_BACKENDS[head]
-    return backend
-
-
-_GPU_SCHEMES = ("1D", "2D", "1D_host", "2D_host", "1D_device", "2D_device")
-
-
-# Genred/reduction keywords of pykeops that tune its CUDA code generation: accepted and
-# without effect here (device_id: the tensors' own device decides).
-IGNORED_OPTIONS = ("enable_chunks", "use_fast_math", "optional_flags", "device_id",
-                   "rec_multVar_highdim")
-
-
-def _reduction(reduction_op: str, opt_arg, formula2):
-    if not isinstance(reduction_op, str):
-        raise TypeError(f"reduction_op must be a string, got {type(reduction_op).__name__}")
-    key = reduction_op.lower().removesuffix("_reduction")
-    keops = {r.keops_name.lower(): r for r in reductions.all_reductions() if r.keops_name}
-    red = keops.get(key)
-    if red is None:
-        names = ", ".join(r.keops_name for r in reductions.all_reductions() if r.keops_name)
-        raise ValueError(f"unknown reduction {reduction_op!r}; expected one of {names}")
-    name = red.name
-    opts = {}
-    if red.needs_k:
-        if isinstance(opt_arg, bool) or not isinstance(opt_arg, numbers.Integral) or opt_arg < 1:
-            raise ValueError(f"{reduction_op} needs opt_arg=K, a positive integer; got {opt_arg!r}")
-        opts["K"] = int(opt_arg)
-    if formula2 is not None and not (red.weighted or red.weighted_variant):
-        takers = [r.keops_name for r in reductions.all_reductions()
-                  if r.keops_name and (r.weighted or r.weighted_variant)]
-        raise ValueError(f"formula2 is only used by {' and '.join(takers)}, not {reduction_op}")
-    if red.weighted and formula2 is None:
-        raise ValueError(f"{red.keops_name} needs formula2 (the weights)")
-    if red.weighted_variant and formula2 is not None:
-        name = red.weighted_variant
-    return name, opts
+from .codegen import ops, parse
+from .options import check_axis, genred_reduction, keops_backend, reduction_options
 
 
 class Genred:
@@ -131,9 +46,8 @@ class Genred:
     def __init__(self, formula, aliases, reduction_op="Sum", axis=0, dtype=None, opt_arg=None,
                  formula2=None, dtype_acc="auto", use_double_acc=False, sum_scheme="auto",
                  enable_chunks=True, rec_multVar_highdim=None, use_fast_math=True, cuda_type=None):
-        if isinstance(axis, bool) or axis not in (0, 1):
-            raise ValueError(f"axis must be 0 (reduction over i) or 1 (over j), got {axis!r}")
-        self.reduction, self.opts = _reduction(reduction_op, opt_arg, formula2)
+        check_axis(axis)
+        self.reduction, self.opts = genred_reduction(reduction_op, opt_arg, formula2)
         scope = parse.Scope(aliases)
         node = scope.parse(formula)
         if formula2 is not None:

@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .binding import Variable, is_torch
+from . import engine
+from .binding import Variable, bind, is_torch
 from .codegen import reductions
 
 _OUT_CAT = {1: "i", 0: "j"}  # the category of the output's rows, per reduction axis
@@ -111,9 +112,6 @@ def _merged(intervals) -> list:
 def reduce(formula, variables: list, reduction: str, axis: int, opts: dict, backend: str,
            grad_mode, ranges):
     """:func:`lazytensor.engine.reduce` restricted to the blocks ``ranges`` describes."""
-    from . import engine
-    from .binding import bind
-
     sig = bind(variables)
     if sig.batch:
         raise NotImplementedError(f"ranges with batch dimensions {sig.batch} are not supported: "

@@ -11,16 +11,15 @@ and each weight broadcast. Partial sums of a tile are in T and added to the runn
 accumulator in TA, as ``block_sum`` does.
 
 This module emits that ``Acc`` and the call the pair loop makes after ``Acc::tile``; the
-skeleton is :mod:`lazytensor.codegen.render_cpu`'s.
+skeleton is :mod:`lazytensor.codegen.cpu.kernel`'s.
 """
 
 from __future__ import annotations
 
-from . import ir, reductions
-from .linearize import Linear, column_source, linearize
-from .reductions.lse import LSE_HELPERS
-
-WIDE = 16  # formulas up to this dimension already vectorize across j
+from .. import ir, reductions
+from ..linearize import Linear, column_source, linearize
+from ..reductions.lse import LSE_HELPERS
+from . import WIDE
 
 
 def wide_sum(formula: ir.Node, reduction: str) -> Linear | None:
