@@ -19,8 +19,8 @@ tangent formulas) is worked out once per call and set of dual inputs (:func:`fus
 ``grad_mode`` ("auto", "symbolic", "dual") and its default are options
 (:func:`lazytensor.options.set_default_grad_mode`).
 
->>> AUTO_MAX_TANGENTS
-8
+>>> AUTO_MAX_TANGENTS, AUTO_MIN_PAIRS
+(8, 262144)
 """
 
 from __future__ import annotations
@@ -35,6 +35,12 @@ from .dispatch import ReductionCall, execute
 # backend with `python -m benchmarks.bench_dual`: fused forward+backward beats
 # forward + symbolic backward up to k = 8 for the Gaussian kernel (see BENCHMARKS.md).
 AUTO_MAX_TANGENTS = 8
+# Fewest pairs (B x N x M) for which "auto" picks dual mode. Below this a kernel runs on one
+# thread in about the time of a call's overhead: the backward kernel that dual mode saves
+# costs no more than the tangents it adds to the forward, so forward + backward take the
+# same time either way (measured, Gaussian D = 3, N = M = 200: 210 and 213 us) and the
+# forward alone is twice as fast without tangents.
+AUTO_MIN_PAIRS = 1 << 18
 
 
 def dual_slots(call: ReductionCall, requires_grad: tuple, mode: str) -> tuple:
@@ -49,7 +55,10 @@ def dual_slots(call: ReductionCall, requires_grad: tuple, mode: str) -> tuple:
         return ()
     ks = [k for k, r in enumerate(requires_grad) if r and call.cats[k] in ("i", "p")]
     k_total = sum(call.dims[k] for k in ks)
-    if not ks or (mode == "auto" and k_total > AUTO_MAX_TANGENTS):
+    pairs = call.N * call.M
+    for s in call.batch:
+        pairs *= s
+    if not ks or (mode == "auto" and (k_total > AUTO_MAX_TANGENTS or pairs < AUTO_MIN_PAIRS)):
         return ()
     return tuple(ks)
 
