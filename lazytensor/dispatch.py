@@ -29,8 +29,6 @@ from .codegen import ir, reductions
 from .codegen.render_c import VarSpec
 from .kernels import KernelSpec
 
-_SWAP = {"i": "j", "j": "i", "p": "p"}
-
 
 @dataclass(frozen=True, eq=False)
 class ReductionCall:
@@ -67,7 +65,7 @@ class ReductionCall:
         N, M = self.N, self.M
         if axis == 0:
             formula = ir.swap_ij(formula)
-            cats = tuple(_SWAP[c] for c in cats)
+            cats = tuple(ir.swap_cat(c) for c in cats)
             N, M = M, N
         return ReductionCall(formula, tuple(cats), tuple(dims), reduction, tuple(opts),
                              self.backend, self.library, self.dtype, self.device, self.batch, N, M)
@@ -78,11 +76,6 @@ class ReductionCall:
             self.formula,
             tuple(VarSpec(k, d, c) for k, (d, c) in enumerate(zip(self.dims, self.cats))),
             self.reduction, self.opts, self.dtype)
-
-
-def swap_cat(cat: str) -> str:
-    """The category of a variable once i and j are exchanged."""
-    return _SWAP[cat]
 
 
 def execute(call: ReductionCall, arrays: list) -> list:

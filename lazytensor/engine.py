@@ -33,7 +33,7 @@ import numpy as np
 
 from .binding import bind
 from .codegen import ir, reductions
-from .dispatch import ReductionCall, execute, scalar_array, swap_cat
+from .dispatch import ReductionCall, execute, scalar_array
 from .options import BACKENDS, check_grad_mode, default_grad_mode
 
 PLAN_CACHE_SIZE = 4096
@@ -209,7 +209,7 @@ def prepare(formula: ir.Node, variables: list, reduction: str, axis: int, opts: 
     N, M = sig.N, sig.M
     if axis == 0:
         formula = ir.swap_ij(formula)
-        cats = [swap_cat(c) for c in cats]
+        cats = [ir.swap_cat(c) for c in cats]
         N, M = M, N
     red.check(formula.dim, opts, M)
     backend = _resolve_backend(backend, sig.device)

@@ -18,6 +18,7 @@ import numpy as np
 from . import engine
 from . import solve as linear_solve
 from .binding import Variable, array_dtype, bind, is_torch
+from .cluster import swap_axes
 from .codegen import compositions, ir, ops
 from .options import split_reduction_keywords
 
@@ -377,11 +378,10 @@ class LazyTensor:
 
     def t(self):
         """Exchange the roles of i and j (the transposed kernel)."""
-        variables = [Variable(v.data, {"i": "j", "j": "i", "p": "p"}[v.cat], v.dim, v.label)
-                     for v in self.variables]
+        variables = [Variable(v.data, ir.swap_cat(v.cat), v.dim, v.label) for v in self.variables]
         out = LazyTensor._new(ir.swap_ij(self.formula), variables)
         if self.ranges is not None:  # the i and j halves of the ranges trade places too
-            out.ranges = (*self.ranges[3:6], *self.ranges[0:3])
+            out.ranges = swap_axes(self.ranges)
         return out
 
     @property
