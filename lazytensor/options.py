@@ -71,6 +71,8 @@ def reduction_options(reduction: str, dtype_acc="auto", use_double_acc=False,
     too. A ``sum_scheme`` that a reduction's kernel does not implement (the log-sum-exp
     family always accumulates per tile of j) is accepted and has no further effect.
     """
+    if dtype_acc == "auto" and sum_scheme == "auto" and not use_double_acc:
+        return {}  # nothing asked (the usual call): nothing to check
     opts = {}
     if dtype_acc not in ("auto", "float32", "float64"):
         raise ValueError(f"dtype_acc must be 'auto', 'float32' or 'float64', got {dtype_acc!r}")
