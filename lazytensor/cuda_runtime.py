@@ -222,7 +222,7 @@ def _cubin(spec: KernelSpec, index: int) -> bytes:
         render=lambda spec: render_cuda_kernel(spec.formula, list(spec.var_specs), spec.reduction,
                                                spec.opts_dict, spec.dtype, name=KERNEL_NAME),
         compile=lambda source, tmpdir, what: compile_cuda(source, tmpdir, arch, "kernel", what=what),
-        meta={"arch": arch})
+        meta={"arch": arch}, label="CUDA kernel", detail=f" for {arch}")
     return kernel_file(backend, spec).read_bytes()
 
 

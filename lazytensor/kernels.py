@@ -86,7 +86,7 @@ class Backend:
     """How a backend builds a kernel file: ``render(spec) -> source`` and
     ``compile(source, workdir, what) -> path of artifact``; ``identity`` (compiler, flags,
     target) and ``key_extra`` (settings the renderer reads) go into the key, ``meta`` into
-    the cache entry's metadata."""
+    the cache entry's metadata; ``label`` and ``detail`` into the debug messages."""
 
     name: str
     artifact: str
@@ -95,6 +95,8 @@ class Backend:
     compile: Callable
     key_extra: dict = field(default_factory=dict)
     meta: dict = field(default_factory=dict)
+    label: str = "kernel"
+    detail: str = ""
 
 
 def debug() -> bool:
@@ -110,19 +112,19 @@ def kernel_file(backend: Backend, spec: KernelSpec) -> Path:
     key = spec.key(backend.name, backend.identity, backend.key_extra)
     cache = default_cache()
     path = cache.lookup(key, backend.artifact)
-    label = f"{backend.name} kernel {key}"
     if path is None:
         def build(tmpdir):
             source = backend.render(spec)
             if debug():
-                print(f"[lazytensor] building {label}\n{source}", file=sys.stderr)
+                print(f"[lazytensor] building {backend.label} {key}{backend.detail}\n{source}",
+                      file=sys.stderr)
             backend.compile(source, tmpdir, f"{spec.reduction} of {ir.to_text(spec.formula)[:300]}")
             return {"reduction": spec.reduction, "dtype": spec.dtype, **backend.meta,
                     "formula": ir.to_text(spec.formula)[:500]}
 
         path = cache.get_or_build(key, build, backend.artifact)
     elif debug():
-        print(f"[lazytensor] loaded {label} from {path}", file=sys.stderr)
+        print(f"[lazytensor] loaded {backend.label} {key} from {path}", file=sys.stderr)
     return path
 
 
