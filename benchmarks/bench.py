@@ -482,7 +482,7 @@ def overhead_table(args) -> Table:
     xg = x.clone().requires_grad_(True)
     Kg = (-Vi(xg).sqdist(Vj(y))).exp()
     for mode, what in (("auto", "grad_mode auto: the same kernel, through autograd (dual mode "
-                                "only from 2^18 pairs on)"),
+                                "only from 2^16 pairs on)"),
                        ("dual", 'grad_mode="dual": the fused kernel also sums 3 tangents')):
         tg, ratio = _median_ratio(lambda mode=mode: Kg.__matmul__(b, grad_mode=mode),
                                   lambda: K @ b)

@@ -20,7 +20,7 @@ tangent formulas) is worked out once per call and set of dual inputs (:func:`fus
 (:func:`lazytensor.options.set_default_grad_mode`).
 
 >>> AUTO_MAX_TANGENTS, AUTO_MIN_PAIRS
-(8, 262144)
+(8, 65536)
 """
 
 from __future__ import annotations
@@ -35,12 +35,13 @@ from .dispatch import ReductionCall, execute
 # backend with `python -m benchmarks.bench_dual`: fused forward+backward beats
 # forward + symbolic backward up to k = 8 for the Gaussian kernel (see BENCHMARKS.md).
 AUTO_MAX_TANGENTS = 8
-# Fewest pairs (B x N x M) for which "auto" picks dual mode. Below this a kernel runs on one
-# thread in about the time of a call's overhead: the backward kernel that dual mode saves
-# costs no more than the tangents it adds to the forward, so forward + backward take the
-# same time either way (measured, Gaussian D = 3, N = M = 200: 210 and 213 us) and the
-# forward alone is twice as fast without tangents.
-AUTO_MIN_PAIRS = 1 << 18
+# Fewest pairs (B x N x M) for which "auto" picks dual mode. Below this the backward kernel
+# that dual mode saves costs no more than the tangents it adds to the forward: forward +
+# backward take the same time either way, and the forward alone is 1.5x faster without
+# tangents (Gaussian D = 3, x requires grad, minimum of 400 calls, loaded machine:
+# N = M = 200: 239 / 240 us forward + backward, 114 / 77 us forward, dual / symbolic;
+# N = M = 300: 297 / 317 us and 178 / 108 us: from there dual mode pays).
+AUTO_MIN_PAIRS = 1 << 16
 
 
 def dual_slots(call: ReductionCall, requires_grad: tuple, mode: str) -> tuple:
