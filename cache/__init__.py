@@ -12,17 +12,26 @@ and processes, stores the result atomically and verifies it on every load.
 ...     (tmp / "kernel.cpp").write_text("// source")
 ...     (tmp / "kernel.so").write_bytes(b"\\x7fELF...")
 ...     return {"compiler": "g++ 12", "flags": ["-O3"]}
->>> path = cache.get_or_build("ab" * 32, build)
->>> path.name, cache.lookup("ab" * 32) == path
-('kernel.so', True)
+>>> binary = cache.read_or_build("ab" * 32, build)
+>>> binary.path.name, binary.data[:4], cache.lookup("ab" * 32) == binary.path
+('kernel.so', b'\\x7fELF', True)
+
+Load ``binary.data``, or a library through ``binary.load(ctypes.CDLL)``: exactly the
+bytes that were verified. The root is checked once and then held open; nothing inside
+it is reached through a symlink.
 
 Modules: :mod:`lazytensor.cache.entry` (what an entry is and how it is verified),
+:mod:`lazytensor.cache.safedir` (directories held open, no symlinks followed),
+:mod:`lazytensor.cache.disk` (the layout), :mod:`lazytensor.cache.locking` (the per-key lock),
+:mod:`lazytensor.cache.publish` (reading and building one entry),
+:mod:`lazytensor.cache.loading` (:class:`VerifiedBinary`, loading what was verified),
 :mod:`lazytensor.cache.location` (choosing a private root, falling back),
-:mod:`lazytensor.cache.store` (:class:`KernelCache`, locking, :func:`default_cache`).
+:mod:`lazytensor.cache.store` (:class:`KernelCache`, :func:`default_cache`).
 """
 
 from .entry import FORMAT_VERSION
 from .errors import CacheError, CacheWarning, InvalidKeyError
+from .loading import VerifiedBinary
 from .location import ENV_VAR
 from .store import KernelCache, default_cache
 
@@ -33,5 +42,6 @@ __all__ = [
     "CacheWarning",
     "InvalidKeyError",
     "KernelCache",
+    "VerifiedBinary",
     "default_cache",
 ]

@@ -1,20 +1,25 @@
-"""The root's layout, the per-key lock, and the file operations done under it.
+"""The root's layout, held open, and the file operations done in it.
 
 Layout under a root (every directory 0700)::
 
     <root>/<key[:2]>/<key>/   one finished entry: the build's files and meta.json
-    <root>/locks/<key>.lock   per-key file lock (flock: the kernel drops it when its holder dies)
+    <root>/locks/<key>.lock   per-key lock (flock: the kernel drops it when its holder dies)
     <root>/tmp/<key>.*        a build in progress, moved into place with one rename
     <root>/trash/<key>.*      a corrupt entry being deleted
+    <root>/loads/<pid>-*      a private copy of a verified binary while it is being loaded
 
-Names under ``tmp/`` and ``trash/`` that start with a key are only ever created while
-holding that key's lock, so whoever holds the lock may delete any it finds: they were
-left by a process that died.
+Everything is reached from the root's open descriptor (:class:`Root`), one component at
+a time, without following symlinks (:mod:`lazytensor.cache.safedir`). A symlink, a
+file, or a directory not private to this user where a directory of the layout should be
+is moved aside and replaced, never followed.
+
+The per-key lock is in :mod:`lazytensor.cache.locking`. Names under ``tmp/`` and
+``trash/`` that start with a key are only ever created while holding that key's lock,
+so whoever holds the lock may delete any it finds: they were left by a process that died.
 
 >>> import tempfile
->>> root = tempfile.mkdtemp()
->>> with key_lock(root, "ab" * 32, timeout=5.0):
-...     entry_dir(root, "ab" * 32)[len(root):]
+>>> root = Root(tempfile.mkdtemp(), follow=False)
+>>> entry_dir(root, "ab" * 32)[len(root.path):]
 '/ab/abababababababababababababababababababababababababababababababab'
 """
 
@@ -25,12 +30,9 @@ import errno
 import os
 import re
 import secrets
-import shutil
-import threading
-import time
 from collections.abc import Iterator
 
-from . import entry
+from . import entry, safedir
 from .errors import CacheError
 
 # Errors meaning "this directory cannot hold the cache" rather than "this build is broken".
@@ -40,12 +42,38 @@ STORAGE_ERRNOS = frozenset(
     if code
 )
 _PREFIX_RE = re.compile(r"[0-9a-f]{2}")
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
-# Per process; replaced in a forked child (see _reset_in_child).
-_table_lock = threading.Lock()  # guards _thread_locks
-_thread_locks: dict[tuple[str, str], threading.Lock] = {}
-_local = threading.local()  # .held: the (root, key) locks this thread holds
+
+class Root:
+    """A cache root held open: ``path`` names it in messages, ``fd`` is what gets used.
+
+    The descriptor is checked (owner, mode) when opened and closed when the object goes.
+    """
+
+    def __init__(self, path: str, *, follow: bool = False, checked: bool = True):
+        self.path = path
+        if checked:
+            self.fd = safedir.open_root_fd(path, follow)
+        else:  # a directory this process has just created private (mkdtemp)
+            self.fd = os.open(path, safedir.DIR_FLAGS)
+        info = os.fstat(self.fd)
+        self.ident = (info.st_dev, info.st_ino)
+
+    def __repr__(self) -> str:
+        return f"Root({self.path!r}, fd={self.fd})"
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            os.close(self.fd)
+
+    @property
+    def gone(self) -> bool:
+        """Whether the directory was deleted since it was opened (then resolve it again)."""
+        return safedir.is_gone(self.fd)
+
+    def subdir(self, name: str) -> int:
+        """Open (create, or replace when unsafe) the layout directory ``name``; caller closes."""
+        return open_repaired(name, self.fd, self)
 
 
 class StorageFailure(Exception):
@@ -76,152 +104,148 @@ def storage(root: str, doing: str) -> Iterator[None]:
     try:
         yield
     except OSError as error:
-        if error.errno in STORAGE_ERRNOS:
+        if error.errno in STORAGE_ERRNOS and not isinstance(error, safedir.UnsafeDirectory):
             raise StorageFailure(error, doing) from error
         raise CacheError(f"kernel cache {root}: {doing} failed: {error}") from error
 
 
-def entry_dir(root: str, key: str) -> str:
-    """Where ``key``'s entry lives; the two-digit level keeps directories small."""
-    return os.path.join(root, key[:2], key)
+def entry_dir(root: Root, key: str) -> str:
+    """Where ``key``'s entry lives, for messages; the two-digit level keeps directories small."""
+    return os.path.join(root.path, key[:2], key)
 
 
-def remove(path: str) -> None:
-    """Delete a file or a directory tree, best effort: a leftover is retried later."""
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+def _aside_name(name: str) -> str:
+    return f"{name}.{os.getpid()}.{secrets.token_hex(4)}"
 
 
-def tree_size(path: str) -> int:
-    """Bytes in the files under ``path`` (or of ``path`` itself if it is not a directory)."""
-    if not os.path.isdir(path) or os.path.islink(path):
-        return os.lstat(path).st_size
-    total = 0
-    for parent, _, names in os.walk(path):
-        for name in names:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(parent, name)).st_size
-    return total
-
-
-def move_aside(root: str, key: str, path: str) -> None:
-    """Rename a (corrupt) entry into ``trash/`` in one step, then delete it there.
-
-    The rename is what readers see, so they never find a half-deleted entry.
-    """
-    if not os.path.lexists(path):
-        return
-    trash = os.path.join(root, "trash")
-    os.makedirs(trash, mode=0o700, exist_ok=True)
-    aside = os.path.join(trash, f"{key}.{os.getpid()}.{secrets.token_hex(4)}")
-    os.replace(path, aside)
-    remove(aside)
-
-
-def discard_leftovers(root: str, key: str) -> None:
-    """Delete ``tmp/<key>.*`` and ``trash/<key>.*``; only while holding ``key``'s lock."""
-    for folder in (os.path.join(root, "tmp"), os.path.join(root, "trash")):
-        try:
-            names = os.listdir(folder)
-        except OSError:
-            continue
-        for name in names:
-            if name.startswith(key + "."):  # "." is not hex, so no longer key matches
-                remove(os.path.join(folder, name))
-
-
-def iter_entries(root: str) -> Iterator[tuple[str, str]]:
-    """``(key, path)`` for every ``<prefix>/<key>`` in ``root``, whether valid or not."""
+def open_repaired(name: str, dir_fd: int, root: Root) -> int:
+    """Open directory ``name`` in ``dir_fd``, created if missing; an unsafe one (symlink,
+    file, not private) is renamed into ``trash/`` and deleted there, then made anew."""
     try:
-        prefixes = sorted(os.listdir(root))
-    except OSError:
-        return
-    for prefix in prefixes:
-        folder = os.path.join(root, prefix)
-        if _PREFIX_RE.fullmatch(prefix) is None or os.path.islink(folder):
-            continue
+        return safedir.open_dir(name, dir_fd, create=True)
+    except safedir.UnsafeDirectory:
+        pass
+    aside = f"bad-{_aside_name(name)}"
+    if name == "trash":  # nowhere to put it but the root itself
+        os.replace(name, aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        safedir.remove(aside, dir_fd)
+    else:
+        trash = root.subdir("trash")
         try:
-            names = sorted(os.listdir(folder))
-        except OSError:
-            continue
-        for name in names:
-            if entry.is_key(name) and name[:2] == prefix:
-                yield name, os.path.join(folder, name)
-
-
-def leftover_keys(root: str) -> set[str]:
-    """Keys named by anything in ``tmp/`` or ``trash/``."""
-    keys = set()
-    for folder in ("tmp", "trash"):
-        with contextlib.suppress(OSError):
-            keys.update(name.split(".")[0] for name in os.listdir(os.path.join(root, folder)))
-    return {key for key in keys if entry.is_key(key)}
-
-
-def _held() -> set[tuple[str, str]]:
-    held = getattr(_local, "held", None)
-    if held is None:
-        held = _local.held = set()
-    return held
+            os.replace(name, aside, src_dir_fd=dir_fd, dst_dir_fd=trash)
+            safedir.remove(aside, trash)
+        finally:
+            os.close(trash)
+    return safedir.open_dir(name, dir_fd, create=True)
 
 
 @contextlib.contextmanager
-def key_lock(root: str, key: str, timeout: float | None) -> Iterator[None]:
-    """Hold ``key``'s lock in ``root`` against other threads and other processes.
-
-    Threads queue on a ``threading.Lock`` first: a file lock alone is not a reliable
-    way to exclude threads of one process (depending on the filelock version, an
-    instance is re-entrant across threads). Then a ``FileLock`` excludes other
-    processes; it is an flock, so the kernel releases it when a holder dies, and a lock
-    file left behind by a killed process blocks nobody. ``timeout`` (seconds, ``None``
-    for ever) bounds the whole wait; past it :class:`~cache.CacheError` is raised.
-    """
-    held = _held()
-    if (root, key) in held:
-        raise CacheError(f"build() for key {key} asked for the same key: it would wait on itself")
-    deadline = None if timeout is None else time.monotonic() + timeout
-    with _table_lock:
-        thread_lock = _thread_locks.setdefault((root, key), threading.Lock())
-    if not thread_lock.acquire(timeout=-1 if timeout is None else timeout):
-        raise CacheError(f"kernel cache {root}: key {key} stayed locked for {timeout} s")
+def prefix_dir(root: Root, key: str, *, create: bool) -> Iterator[int]:
+    """The open ``<root>/<key[:2]>`` directory; without ``create``, unsafe or missing raises."""
+    fd = open_repaired(key[:2], root.fd, root) if create else safedir.open_dir(key[:2], root.fd)
     try:
-        lock_path = os.path.join(root, "locks", key + ".lock")
-        with storage(root, "creating the lock file"):
-            os.makedirs(os.path.dirname(lock_path), mode=0o700, exist_ok=True)
-            # Created here, private, so that a failure is classified by `storage`.
-            os.close(os.open(lock_path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o600))
-        remaining = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
-        # imported here: a process that only reads the cache never pays for filelock
-        from filelock import FileLock, Timeout
-
-        file_lock = FileLock(lock_path, timeout=remaining)
-        with storage(root, "taking the lock file"):
-            try:
-                file_lock.acquire()
-            except Timeout as error:  # a TimeoutError, hence an OSError: handle it here
-                raise CacheError(
-                    f"kernel cache {root}: another process held {lock_path} for {timeout} s"
-                ) from error
-        held.add((root, key))
-        try:
-            yield
-        finally:
-            held.discard((root, key))
-            file_lock.release()
+        yield fd
     finally:
-        thread_lock.release()
+        os.close(fd)
 
 
-def _reset_in_child() -> None:
-    # A lock that another thread held at fork time would stay locked in the child.
-    global _table_lock, _thread_locks, _local
-    _table_lock = threading.Lock()
-    _thread_locks = {}
-    _local = threading.local()
+def move_aside(root: Root, key: str, prefix_fd: int) -> bool:
+    """Rename ``key``'s (corrupt) entry into ``trash/`` in one step, then delete it there.
+
+    The rename is what readers see, so they never find a half-deleted entry. Returns
+    whether there was something to move.
+    """
+    try:
+        os.lstat(key, dir_fd=prefix_fd)
+    except FileNotFoundError:
+        return False
+    trash = root.subdir("trash")
+    try:
+        aside = _aside_name(key)
+        os.replace(key, aside, src_dir_fd=prefix_fd, dst_dir_fd=trash)
+        safedir.remove(aside, trash)
+    finally:
+        os.close(trash)
+    return True
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_in_child)
+def _listdir(root: Root, folder: str) -> tuple[int | None, list[str]]:
+    try:
+        fd = safedir.open_dir(folder, root.fd)
+    except OSError:
+        return None, []
+    try:
+        return fd, os.listdir(fd)
+    except OSError:
+        os.close(fd)
+        return None, []
+
+
+def discard_leftovers(root: Root, key: str) -> None:
+    """Delete ``tmp/<key>.*`` and ``trash/<key>.*``; only while holding ``key``'s lock."""
+    for folder in ("tmp", "trash"):
+        fd, names = _listdir(root, folder)
+        if fd is None:
+            continue
+        try:
+            for name in names:
+                if name.startswith(key + "."):  # "." is not hex, so no longer key matches
+                    safedir.remove(name, fd)
+        finally:
+            os.close(fd)
+
+
+def iter_keys(root: Root) -> Iterator[tuple[str, int]]:
+    """``(key, prefix_fd)`` for every ``<prefix>/<key>`` name in ``root``, valid or not.
+
+    Prefix directories that are symlinks or not private are skipped, as lookups refuse
+    them. ``prefix_fd`` is open while the caller handles that key.
+    """
+    try:
+        prefixes = sorted(os.listdir(root.fd))
+    except OSError:
+        return
+    for prefix in prefixes:
+        if _PREFIX_RE.fullmatch(prefix) is None:
+            continue
+        try:
+            fd = safedir.open_dir(prefix, root.fd)
+        except OSError:
+            continue
+        try:
+            for name in sorted(os.listdir(fd)):
+                if entry.is_key(name) and name[:2] == prefix:
+                    yield name, fd
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+
+
+def unsafe_prefixes(root: Root) -> list[str]:
+    """Names of two-hex-digit entries in the root that are not safe directories."""
+    bad = []
+    with contextlib.suppress(OSError):
+        for prefix in os.listdir(root.fd):
+            if _PREFIX_RE.fullmatch(prefix) is None:
+                continue
+            try:
+                os.close(safedir.open_dir(prefix, root.fd))
+            except safedir.UnsafeDirectory:
+                bad.append(prefix)
+            except OSError:
+                continue
+    return bad
+
+
+def leftover_keys(root: Root) -> set[str]:
+    """Keys named by anything in ``tmp/`` or ``trash/``."""
+    keys = set()
+    for folder in ("tmp", "trash"):
+        fd, names = _listdir(root, folder)
+        if fd is not None:
+            os.close(fd)
+            keys.update(name.split(".")[0] for name in names)
+    return {key for key in keys if entry.is_key(key)}
+
+

@@ -11,6 +11,8 @@ Nothing read back is trusted: a crash, a full disk, a second writer or a hand ed
 leave any byte anywhere. So ``meta.json`` is parsed as JSON only (never pickle or
 eval), every field is type-checked, and the binary is re-hashed on every load. Any
 failure means "no entry", which the store turns into a rebuild under the key's lock.
+Every function here works inside a directory given as an open descriptor, and opens
+files with ``O_NOFOLLOW`` (see :mod:`lazytensor.cache.safedir`).
 
 >>> check_key("0123456789abcdef")
 '0123456789abcdef'
@@ -43,7 +45,9 @@ _KEY_RE = re.compile(r"[0-9a-f]{16,128}")
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")
 _SHA_RE = re.compile(r"[0-9a-f]{64}")
 # Opening with O_NOFOLLOW makes a symlink planted as the binary fail to open at all.
-_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_OPEN_FLAGS = os.O_RDONLY | _NOFOLLOW
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW
 
 
 def is_key(value: object) -> bool:
@@ -97,16 +101,20 @@ def is_relative_name(rel: object) -> bool:
     return all(_NAME_RE.fullmatch(part) is not None for part in rel.split("/"))
 
 
-def file_record(path: str) -> dict[str, Any]:
-    """Hash one regular file: ``{"sha256": hex, "size": bytes}``. Raises OSError.
+def file_record(name: str, dir_fd: int) -> dict[str, Any]:
+    """Hash one regular file ``name`` inside ``dir_fd``: ``{"sha256": hex, "size": bytes}``.
+
+    Raises OSError (also for a symlink, which is never followed).
 
     >>> import tempfile, pathlib
-    >>> p = pathlib.Path(tempfile.mkdtemp()) / "f"; _ = p.write_bytes(b"abc")
-    >>> file_record(str(p))["size"]
+    >>> d = tempfile.mkdtemp(); _ = (pathlib.Path(d) / "f").write_bytes(b"abc")
+    >>> fd = os.open(d, os.O_RDONLY); file_record("f", fd)["size"]; os.close(fd)
     3
     """
-    fd = os.open(path, _OPEN_FLAGS)
+    fd = os.open(name, _OPEN_FLAGS, dir_fd=dir_fd)
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{name} is not a regular file")
         digest, size = _hash_fd(fd, limit=None)
     finally:
         os.close(fd)
@@ -126,30 +134,29 @@ def _hash_fd(fd: int, limit: int | None) -> tuple[str, int]:
         size += len(chunk)
 
 
-def scan_build_dir(build_dir: str) -> dict[str, dict[str, Any]]:
-    """Record every file a build wrote, as ``{relative name: file_record}``.
+def scan_build_dir(dir_fd: int) -> dict[str, dict[str, Any]]:
+    """Record every file a build wrote in the directory ``dir_fd``, as ``{name: file_record}``.
 
     Symlinks, devices, odd names and a ``meta.json`` of the build's own are refused with
     :class:`CacheError`: an entry must hold only regular files the cache can re-hash.
 
     >>> import tempfile, pathlib
     >>> d = tempfile.mkdtemp(); _ = (pathlib.Path(d) / "kernel.so").write_bytes(b"\\x7fELF")
-    >>> list(scan_build_dir(d))
+    >>> fd = os.open(d, os.O_RDONLY); list(scan_build_dir(fd)); os.close(fd)
     ['kernel.so']
     """
     files: dict[str, dict[str, Any]] = {}
-    for parent, dirs, names in os.walk(build_dir):
+    for parent, dirs, names, parent_fd in os.fwalk(".", dir_fd=dir_fd):
         for name in sorted(dirs + names):
-            path = os.path.join(parent, name)
-            rel = os.path.relpath(path, build_dir).replace(os.sep, "/")
-            mode = os.lstat(path).st_mode
+            rel = os.path.normpath(os.path.join(parent, name)).replace(os.sep, "/")
+            mode = os.lstat(name, dir_fd=parent_fd).st_mode
             if not is_relative_name(rel) or rel == META_NAME:
                 raise CacheError(f"build wrote {rel!r}, a name the cache does not store")
             if stat.S_ISDIR(mode):
-                continue  # os.walk descends into it
+                continue  # os.fwalk descends into it
             if not stat.S_ISREG(mode):
                 raise CacheError(f"build wrote {rel!r}, which is not a regular file")
-            files[rel] = file_record(path)
+            files[rel] = file_record(name, parent_fd)
     return files
 
 
@@ -180,14 +187,19 @@ def encode_meta(key: str, binary: str, files: dict[str, Any], extra: object) -> 
     return text.encode("utf-8")
 
 
-def write_meta(entry_dir: str, data: bytes) -> None:
-    """Write ``meta.json`` into a directory that is not yet visible to readers.
+def write_meta(dir_fd: int, data: bytes) -> None:
+    """Write ``meta.json`` into a build directory (``dir_fd``) not yet visible to readers.
 
     No fsync: after a power cut the worst case is a file whose bytes do not match the
     recorded hashes, which verification already treats as absent.
     """
-    with open(os.path.join(entry_dir, META_NAME), "xb") as handle:
-        handle.write(data)
+    fd = os.open(META_NAME, _CREATE_FLAGS, 0o600, dir_fd=dir_fd)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
 
 
 def _is_count(value: object) -> bool:
@@ -233,14 +245,18 @@ def parse_meta(raw: bytes, key: str) -> dict[str, Any] | None:
     return meta if ok else None
 
 
-def read_meta_file(entry_dir: str, key: str) -> dict[str, Any] | None:
-    """Read and check ``<entry_dir>/meta.json``; ``None`` if missing, huge or malformed.
+def read_meta_file(dir_fd: int, key: str) -> dict[str, Any] | None:
+    """Read and check ``meta.json`` in the entry directory ``dir_fd``; ``None`` if missing,
+    a symlink, huge or malformed.
 
-    >>> read_meta_file("/nonexistent", "0123456789abcdef") is None
+    >>> import tempfile
+    >>> fd = os.open(tempfile.mkdtemp(), os.O_RDONLY)
+    >>> read_meta_file(fd, "0123456789abcdef") is None
     True
+    >>> os.close(fd)
     """
     try:
-        fd = os.open(os.path.join(entry_dir, META_NAME), _OPEN_FLAGS)
+        fd = os.open(META_NAME, _OPEN_FLAGS, dir_fd=dir_fd)
     except OSError:
         return None
     try:
@@ -263,25 +279,52 @@ def read_meta_file(entry_dir: str, key: str) -> dict[str, Any] | None:
     return parse_meta(b"".join(chunks), key)
 
 
-def verify_file(entry_dir: str, name: str, record: dict[str, Any]) -> bool:
-    """Whether ``entry_dir/name`` is a regular file with the recorded size and sha256.
+def read_verified(dir_fd: int, name: str, record: dict[str, Any]) -> bytes | None:
+    """The bytes of ``name`` in ``dir_fd`` if it is a regular file with the recorded size and
+    sha256, else ``None``. The bytes returned are the very bytes that were hashed: load
+    these, never the file again by its name (it could be replaced in between).
 
-    The size is compared first (one fstat) so a truncated binary costs no hashing.
+    The size is compared first (one fstat) so a truncated binary costs no reading.
 
-    >>> verify_file("/nonexistent", "kernel.so", {"sha256": "0" * 64, "size": 0})
-    False
+    >>> import tempfile
+    >>> fd = os.open(tempfile.mkdtemp(), os.O_RDONLY)
+    >>> read_verified(fd, "kernel.so", {"sha256": "0" * 64, "size": 0}) is None
+    True
+    >>> os.close(fd)
     """
     try:
-        fd = os.open(os.path.join(entry_dir, name), _OPEN_FLAGS)
+        fd = os.open(name, _OPEN_FLAGS, dir_fd=dir_fd)
     except OSError:
-        return False
+        return None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_size != record["size"]:
-            return False
-        digest, size = _hash_fd(fd, limit=record["size"])
+            return None
+        chunks = []
+        size = 0
+        while size <= record["size"]:
+            chunk = os.read(fd, min(_CHUNK, record["size"] + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
     except OSError:
-        return False
+        return None
     finally:
         os.close(fd)
-    return size == record["size"] and digest == record["sha256"]
+    data = b"".join(chunks)
+    if len(data) != record["size"] or hashlib.sha256(data).hexdigest() != record["sha256"]:
+        return None
+    return data
+
+
+def verify_file(dir_fd: int, name: str, record: dict[str, Any]) -> bool:
+    """Whether ``name`` in ``dir_fd`` is a regular file with the recorded size and sha256.
+
+    >>> import tempfile
+    >>> fd = os.open(tempfile.mkdtemp(), os.O_RDONLY)
+    >>> verify_file(fd, "kernel.so", {"sha256": "0" * 64, "size": 0})
+    False
+    >>> os.close(fd)
+    """
+    return read_verified(dir_fd, name, record) is not None

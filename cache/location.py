@@ -9,7 +9,8 @@ the reason, and carries on; only reuse across runs is lost.
 
 >>> import pathlib, tempfile
 >>> root = pathlib.Path(tempfile.mkdtemp()) / "made" / "here"
->>> unusable_reason(root) is None, oct(root.stat().st_mode & 0o777)
+>>> handle, reason = open_root(root)
+>>> reason is None, oct(os.fstat(handle.fd).st_mode & 0o777)
 (True, '0o700')
 """
 
@@ -25,6 +26,8 @@ import threading
 import warnings
 from pathlib import Path
 
+from . import safedir
+from .disk import Root
 from .errors import CacheError, CacheWarning
 
 ENV_VAR = "LAZYTENSOR_CACHE_DIR"
@@ -69,26 +72,24 @@ def _unsafe_reason(path: Path, subject: str) -> str | None:
         info = os.stat(path)
     except OSError as error:
         return f"{subject} cannot be inspected ({error})"
-    if not stat.S_ISDIR(info.st_mode):
-        return f"{subject} is not a directory"
-    if info.st_uid != os.geteuid():
-        return f"{subject} is owned by uid {info.st_uid}, not by this user (uid {os.geteuid()})"
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"{subject} is group- or world-writable (mode {oct(info.st_mode & 0o777)})"
-    return None
+    return safedir.problem(info, subject)
 
 
-def unusable_reason(root: Path) -> str | None:
-    """Create ``root`` private (0700) if missing; return why it is unusable, or ``None``.
+def open_root(root: Path) -> tuple[Root | None, str | None]:
+    """Create ``root`` private (0700) if missing and open it: ``(Root, None)``, or
+    ``(None, why it is unusable)``.
 
-    Only the root and the parents this call created are checked: pre-existing parents
-    such as ``/tmp`` are legitimately shared. Writability is discovered on first write.
+    The check is made on the open directory, which every later operation goes through,
+    so re-pointing a name on the way to it afterwards changes nothing. A root that is
+    itself a symlink is followed only if this user owns the link. Only the root and the
+    parents this call created are checked: pre-existing parents such as ``/tmp`` are
+    legitimately shared. Writability is discovered on first write.
     """
     created = _missing_ancestors(root)
     try:
         os.makedirs(root, mode=0o700, exist_ok=True)
     except OSError as error:
-        return f"it cannot be created ({error})"
+        return None, f"it cannot be created ({error})"
     for directory in created:
         # makedirs applies the umask, and gives intermediate directories the default
         # mode; chmod makes every directory we created private. A directory someone
@@ -97,12 +98,25 @@ def unusable_reason(root: Path) -> str | None:
             os.chmod(directory, 0o700)
         except OSError:
             pass
-    for directory in (root, *created[1:]):
-        subject = "it" if directory == root else f"its parent {directory}"
-        reason = _unsafe_reason(directory, subject)
+    for directory in created[1:]:
+        reason = _unsafe_reason(directory, f"its parent {directory}")
         if reason is not None:
-            return reason
-    return None
+            return None, reason
+    try:
+        link = os.lstat(root)
+        follow = stat.S_ISLNK(link.st_mode)
+        if follow and safedir.owner_of(link) != os.geteuid():
+            return None, f"it is a symbolic link owned by uid {safedir.owner_of(link)}"
+        return Root(str(root), follow=follow), None
+    except safedir.UnsafeDirectory as error:
+        return None, error.strerror
+    except OSError as error:
+        return None, f"it cannot be opened ({error})"
+
+
+def unusable_reason(root: Path) -> str | None:
+    """Create and check ``root`` (see :func:`open_root`); why it is unusable, or ``None``."""
+    return open_root(root)[1]
 
 
 def warn_once(requested: Path, message: str) -> None:

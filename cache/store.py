@@ -2,9 +2,16 @@
 
 Readers take no lock: an entry appears in one ``os.replace`` and is re-verified on every
 load, so a reader sees either nothing or a complete entry. Writers of a key serialise
-on a ``threading.Lock`` (threads of this process) and then a ``FileLock`` (processes),
+on a ``threading.Lock`` (threads of this process) and then an ``flock`` (processes),
 so a new kernel is compiled once however many processes ask for it at the same time.
-The on-disk layout and the locking are in :mod:`lazytensor.cache.disk`.
+The root is held open and everything below it is reached through that descriptor
+without following symlinks; the on-disk layout and the locking are in
+:mod:`lazytensor.cache.disk`.
+
+Load what :meth:`KernelCache.read_or_build` returns (the bytes that were verified);
+the paths returned by :meth:`KernelCache.get_or_build` and :meth:`KernelCache.lookup`
+name the entry for people and tools, and may point at other bytes by the time they
+are opened.
 
 >>> import tempfile
 >>> cache = KernelCache(tempfile.mkdtemp())
@@ -14,37 +21,31 @@ The on-disk layout and the locking are in :mod:`lazytensor.cache.disk`.
 >>> path = cache.get_or_build("ab" * 32, build)
 >>> cache.lookup("ab" * 32) == path, cache.read_meta("ab" * 32)["extra"]
 (True, {'compiler': 'g++'})
+>>> cache.read("ab" * 32).data
+b'binary'
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import shutil
-import tempfile
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import disk, entry, location
+from . import disk, entry, loading, location, locking, publish, safedir
+from .disk import Root
 from .errors import CacheError
+from .loading import VerifiedBinary
 
 DEFAULT_LOCK_TIMEOUT = 600.0  # seconds; a compile takes seconds, a hung peer forever
+_INSTANCE = object()  # "the instance's lock_timeout"
 
 # Process-wide; replaced in a forked child (see _reset_in_child).
 _state_lock = threading.Lock()  # resolution and fallback of every instance's root
 _default: tuple[str | None, KernelCache] | None = None
-
-
-def _summarize(extra: dict[str, Any], width: int = 80) -> dict[str, Any]:
-    """``extra`` with every value whose JSON is longer than ``width`` cut to a string."""
-    summary = {}
-    for name, value in extra.items():
-        text = json.dumps(value)
-        summary[name] = value if len(text) <= width else text[: width - 3] + "..."
-    return summary
 
 
 class KernelCache:
@@ -70,11 +71,11 @@ class KernelCache:
         self._asked = None if root is None else os.fspath(root)
         self.lock_timeout = lock_timeout
         self._requested: Path | None = None
-        self._root: str | None = None
+        self._root: Root | None = None
         self._fallback = False
 
     def __repr__(self) -> str:
-        where = self._root or self._asked or f"${location.ENV_VAR} or the user cache dir"
+        where = (self._root and self._root.path) or self._asked or f"${location.ENV_VAR} or the user cache dir"
         return f"KernelCache({where!r}{', fallback' if self._fallback else ''})"
 
     # ----------------------------------------------------------------- where
@@ -86,7 +87,7 @@ class KernelCache:
         >>> KernelCache(tempfile.mkdtemp() + "/sub").root.stat().st_mode & 0o777 == 0o700
         True
         """
-        return Path(self._active_root())
+        return Path(self._active_root().path)
 
     @property
     def is_fallback(self) -> bool:
@@ -94,56 +95,61 @@ class KernelCache:
         self._active_root()
         return self._fallback
 
-    def _active_root(self) -> str:
+    def _active_root(self) -> Root:
         root = self._root
-        if root is not None:
+        if root is not None and not root.gone:
             return root
         with _state_lock:
+            if self._root is not None and self._root.gone:
+                self._root = None  # deleted under us: resolve and check the name again
+                self._fallback = False
             if self._root is None:
                 requested = location.requested_root(self._asked)
-                reason = location.unusable_reason(requested)
+                handle, reason = location.open_root(requested)
                 self._requested = requested
-                if reason is None:
-                    self._root = str(requested)
+                if handle is not None:
+                    self._root = handle
                 else:
-                    self._root = str(location.fallback_root(requested, reason))
+                    self._root = _fallback_handle(requested, reason)
                     self._fallback = True
             return self._root
 
-    def _fall_back(self, root: str, failure: disk.StorageFailure) -> None:
+    def _fall_back(self, root: Root, failure: disk.StorageFailure) -> None:
         """Switch to the private fallback after a write into ``root`` failed."""
         with _state_lock:
-            if self._root != root:
+            if self._root is not root:
                 return  # another thread already switched; the caller retries there
             if self._fallback or self._requested is None:
                 raise CacheError(
-                    f"kernel cache {root}: {failure.doing} failed: {failure.error}"
+                    f"kernel cache {root.path}: {failure.doing} failed: {failure.error}"
                 ) from failure.error
             reason = f"{failure.doing} there failed ({failure.error})"
-            self._root = str(location.fallback_root(self._requested, reason))
+            self._root = _fallback_handle(self._requested, reason)
             self._fallback = True
 
     # ----------------------------------------------------------------- reads
     def lookup(self, key: str, binary: str = "kernel.so") -> Path | None:
-        """The verified path of ``binary`` in the entry for ``key``, or ``None``. No lock.
+        """The path of ``binary`` in ``key``'s entry if it verifies, else ``None``. No lock.
+
+        For messages and tools: load what :meth:`read` returns, not this path.
 
         >>> import tempfile
         >>> KernelCache(tempfile.mkdtemp()).lookup("ab" * 32, "kernel.so") is None
         True
         """
+        found = self.read(key, binary)
+        return None if found is None else found.path
+
+    def read(self, key: str, binary: str = "kernel.so") -> VerifiedBinary | None:
+        """``binary`` of ``key``'s entry, read and verified through one descriptor. No lock.
+
+        >>> import tempfile
+        >>> KernelCache(tempfile.mkdtemp()).read("ab" * 32) is None
+        True
+        """
         key = entry.check_key(key)
         binary = entry.check_file_name(binary)
-        return self._lookup_in(self._active_root(), key, binary)
-
-    def _lookup_in(self, root: str, key: str, binary: str) -> Path | None:
-        entry_dir = disk.entry_dir(root, key)
-        meta = entry.read_meta_file(entry_dir, key)
-        if meta is None:
-            return None
-        record = meta["files"].get(binary)
-        if record is None or not entry.verify_file(entry_dir, binary, record):
-            return None
-        return Path(entry_dir, binary)
+        return publish.read_entry(self._active_root(), key, binary)
 
     def read_meta(self, key: str) -> dict[str, Any] | None:
         """The checked ``meta.json`` of ``key``'s entry, or ``None``. Files are not re-hashed.
@@ -153,7 +159,11 @@ class KernelCache:
         True
         """
         key = entry.check_key(key)
-        return entry.read_meta_file(disk.entry_dir(self._active_root(), key), key)
+        try:
+            with publish.entry_fd(self._active_root(), key) as entry_fd:
+                return entry.read_meta_file(entry_fd, key)
+        except OSError:
+            return None
 
     # ----------------------------------------------------------------- writes
     def get_or_build(
@@ -161,14 +171,12 @@ class KernelCache:
         key: str,
         build: Callable[[Path], dict[str, Any] | None],
         binary: str = "kernel.so",
+        *,
+        lock_timeout: Any = _INSTANCE,
     ) -> Path:
-        """The verified path of ``binary`` for ``key``, calling ``build(tmpdir)`` on a miss.
+        """The path of ``binary`` for ``key``, calling ``build(tmpdir)`` on a miss.
 
-        ``build`` writes its files into the fresh directory it is given and returns a
-        JSON-serialisable dict of extra metadata. It runs at most once across all
-        threads and processes sharing the root; its exceptions propagate unchanged.
-        If the root turns out to be full or read-only, the build is redone in a private
-        fallback cache (with one :class:`~cache.CacheWarning`).
+        As :meth:`read_or_build`, but returns the entry's path (for messages and tools).
 
         >>> import tempfile
         >>> cache = KernelCache(tempfile.mkdtemp())
@@ -176,54 +184,70 @@ class KernelCache:
         >>> p.name, p.read_bytes()
         ('k.so', b'x')
         """
+        return self.read_or_build(key, build, binary, lock_timeout=lock_timeout).path
+
+    def read_or_build(
+        self,
+        key: str,
+        build: Callable[[Path], dict[str, Any] | None],
+        binary: str = "kernel.so",
+        *,
+        lock_timeout: Any = _INSTANCE,
+    ) -> VerifiedBinary:
+        """The verified ``binary`` for ``key``, calling ``build(tmpdir)`` on a miss.
+
+        ``build`` writes its files into the fresh directory it is given and returns a
+        JSON-serialisable dict of extra metadata. It runs at most once across all
+        threads and processes sharing the root; its exceptions propagate unchanged, and
+        processes that were waiting for it raise :class:`~cache.CacheError` with its
+        message instead of building again. ``lock_timeout`` (default: the instance's)
+        bounds the wait for another process's build of the same key: set it from the
+        longest a build may take. If the root turns out to be full or read-only, the
+        build is redone in a private fallback cache (with one :class:`~cache.CacheWarning`).
+
+        >>> import tempfile
+        >>> cache = KernelCache(tempfile.mkdtemp())
+        >>> cache.read_or_build("cd" * 32, lambda d: (d / "kernel.so").write_bytes(b"x") and {}).data
+        b'x'
+        """
         key = entry.check_key(key)
         binary = entry.check_file_name(binary)
         if not callable(build):
             raise TypeError(f"build must be callable, got {type(build).__name__}")
+        if lock_timeout is _INSTANCE:
+            lock_timeout = self.lock_timeout
+        elif lock_timeout is not None and not lock_timeout >= 0:
+            raise ValueError(f"lock_timeout must be None or >= 0, got {lock_timeout!r}")
         while True:
             root = self._active_root()
             try:
-                return self._get_or_build_in(root, key, build, binary)
+                return self._read_or_build_in(root, key, build, binary, lock_timeout)
             except disk.StorageFailure as failure:
+                if root.gone:
+                    continue  # the root was deleted meanwhile: resolve it again
                 self._fall_back(root, failure)  # raises when already on the fallback
 
-    def _get_or_build_in(
-        self, root: str, key: str, build: Callable[[Path], Any], binary: str
-    ) -> Path:
-        found = self._lookup_in(root, key, binary)
+    def _read_or_build_in(
+        self, root: Root, key: str, build: Callable[[Path], Any], binary: str,
+        lock_timeout: float | None,
+    ) -> VerifiedBinary:
+        found = publish.read_entry(root, key, binary)
         if found is not None:
             return found
-        with disk.key_lock(root, key, self.lock_timeout):
+        since = time.time()
+        with locking.key_lock(root, key, lock_timeout) as lock:
             # Whoever held the lock before us has probably just built it.
-            found = self._lookup_in(root, key, binary)
+            found = publish.read_entry(root, key, binary)
             if found is not None:
                 return found
+            failure = lock.failure_since(since)
+            if failure is not None:
+                raise CacheError(
+                    f"kernel cache {root.path}: key {key} was being built by another process "
+                    f"while this one waited, and {failure}"
+                )
             disk.discard_leftovers(root, key)
-            return self._build_entry(root, key, build, binary)
-
-    def _build_entry(self, root: str, key: str, build: Callable[[Path], Any], binary: str) -> Path:
-        tmp_parent = os.path.join(root, "tmp")
-        with disk.storage(root, "creating a build directory"):
-            os.makedirs(tmp_parent, mode=0o700, exist_ok=True)
-            build_dir = tempfile.mkdtemp(prefix=key + ".", dir=tmp_parent)
-        try:
-            extra = build(Path(build_dir))
-            with disk.storage(root, "reading the files build() wrote"):
-                files = entry.scan_build_dir(build_dir)
-            if binary not in files:
-                raise CacheError(f"build() wrote {sorted(files)} but not {binary!r}")
-            meta = entry.encode_meta(key, binary, files, extra)
-            with disk.storage(root, "writing meta.json"):
-                entry.write_meta(build_dir, meta)
-            final = disk.entry_dir(root, key)
-            with disk.storage(root, "moving the entry into place"):
-                os.makedirs(os.path.dirname(final), mode=0o700, exist_ok=True)
-                disk.move_aside(root, key, final)
-                os.replace(build_dir, final)
-            return Path(final, binary)
-        finally:
-            # Also on KeyboardInterrupt; once the entry is in place there is nothing here.
-            shutil.rmtree(build_dir, ignore_errors=True)
+            return publish.build_entry(root, key, build, binary, lock)
 
     # ----------------------------------------------------------------- admin
     def info(self) -> dict[str, Any]:
@@ -235,23 +259,11 @@ class KernelCache:
         """
         root = self._active_root()
         entries = []
-        for key, entry_dir in disk.iter_entries(root):
-            meta = entry.read_meta_file(entry_dir, key)
-            binary = None if meta is None else meta["binary"]
-            valid = meta is not None and entry.verify_file(entry_dir, binary, meta["files"][binary])
+        for key, prefix_fd in disk.iter_keys(root):
             with contextlib.suppress(OSError):
-                entries.append(
-                    {
-                        "key": key,
-                        "size": disk.tree_size(entry_dir),
-                        "created": None if meta is None else meta["created"],
-                        "binary": binary,
-                        "valid": valid,
-                        "extra": {} if meta is None else _summarize(meta["extra"]),
-                    }
-                )
+                entries.append(publish.entry_summary(root, key, prefix_fd))
         return {
-            "root": root,
+            "root": root.path,
             "fallback": self._fallback,
             "num_entries": len(entries),
             "total_bytes": sum(item["size"] for item in entries),
@@ -261,25 +273,39 @@ class KernelCache:
     def clear(self) -> int:
         """Remove every entry, each under its key's lock; return how many were removed.
 
+        Symlinks or foreign directories where entry directories belong are removed too
+        (not followed), as are private copies left by processes that died while loading.
+
         >>> import tempfile
         >>> KernelCache(tempfile.mkdtemp()).clear()
         0
         """
         root = self._active_root()
-        keys = {key for key, _ in disk.iter_entries(root)} | disk.leftover_keys(root)
+        keys = {key for key, _ in disk.iter_keys(root)} | disk.leftover_keys(root)
         removed = 0
-        for key in sorted(keys):
-            try:
-                with disk.key_lock(root, key, self.lock_timeout):
-                    path = disk.entry_dir(root, key)
-                    if os.path.lexists(path):
-                        with disk.storage(root, "removing an entry"):
-                            disk.move_aside(root, key, path)
-                        removed += 1
+        try:
+            for key in sorted(keys):
+                with locking.key_lock(root, key, self.lock_timeout):
+                    with disk.storage(root.path, "removing an entry"):
+                        with contextlib.suppress(FileNotFoundError, safedir.UnsafeDirectory):
+                            with disk.prefix_dir(root, key, create=False) as prefix_fd:
+                                removed += disk.move_aside(root, key, prefix_fd)
                     disk.discard_leftovers(root, key)
-            except disk.StorageFailure as failure:
-                raise CacheError(f"kernel cache {root}: {failure}") from failure.error
+            for prefix in disk.unsafe_prefixes(root):
+                with disk.storage(root.path, "removing an unsafe directory"):
+                    os.close(disk.open_repaired(prefix, root.fd, root))
+        except disk.StorageFailure as failure:
+            raise CacheError(f"kernel cache {root.path}: {failure}") from failure.error
+        loading.remove_stale_copies(root)
         return removed
+
+
+def _fallback_handle(requested: Path, reason: str) -> Root:
+    fallback = location.fallback_root(requested, reason)
+    try:
+        return Root(str(fallback), checked=False)
+    except OSError as error:
+        raise CacheError(f"kernel cache fallback {fallback} cannot be opened: {error}") from error
 
 
 def default_cache() -> KernelCache:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from .codegen import reductions
 from .codegen.render_cuda import MAX_BATCH_DIMS, THREADS, args_fields, tile_rows
-from .kernels import Backend, KernelSpec, kernel_file, load_once
+from .kernels import Backend, KernelSpec, kernel_binary, load_once
 
 KERNEL_NAME = "lt"  # symbols lt_reduce, lt_merge, lt_acc
 _BLOCKS_PER_SM = 4  # blocks per multiprocessor the split-j scheme aims for
@@ -223,7 +223,7 @@ def _cubin(spec: KernelSpec, index: int) -> bytes:
                                                spec.opts_dict, spec.dtype, name=KERNEL_NAME),
         compile=lambda source, tmpdir, what: compile_cuda(source, tmpdir, arch, "kernel", what=what),
         meta={"arch": arch}, label="CUDA kernel", detail=f" for {arch}")
-    return kernel_file(backend, spec).read_bytes()
+    return kernel_binary(backend, spec).data  # exactly the bytes the cache verified
 
 
 # ---------------------------------------------------------------------------- launch

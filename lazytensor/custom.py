@@ -161,6 +161,10 @@ def elementwise(name: str, fn: Callable, arity: int | None = None) -> UserFuncti
     if stray:
         raise ValueError(f"elementwise {name!r}: the expression uses symbols {sorted(map(str, stray))} "
                          f"that are not its arguments")
+    try:  # names, literal ranges, nodes with a C translation: refused now, not by the compiler
+        expr = sympy_bridge.check_expression(expr, syms)
+    except ValueError as e:
+        raise ValueError(f"elementwise {name!r}: {e}") from None
     with _lock:
         known = _DEFINED.get(name)
         if known is not None:

@@ -58,12 +58,14 @@ def _resolve_backend(backend: str, device: str) -> str:
     if backend == "auto":
         from .codegen.compilers import cpu_compiler
 
-        if cpu_compiler().available:
+        compiler = cpu_compiler()
+        if compiler.available:
             return "cpu"
         if not _warned_fallback:
             _warned_fallback = True
-            warnings.warn("no C++ compiler found: falling back to the (slow) NumPy reference "
-                          "backend; install g++ or set $CXX", RuntimeWarning, stacklevel=4)
+            warnings.warn(f"no C++ compiler found ({compiler.problem}): falling back to the "
+                          "(slow) NumPy reference backend; install g++ or set $CXX",
+                          RuntimeWarning, stacklevel=4)
         return "numpy"
     return backend
 

@@ -5,8 +5,8 @@ backend turns a spec into a binary: its name and toolchain identity (both in the
 the file the build leaves, and ``render`` / ``compile``. The two steps every runtime
 shares are here, once:
 
-- :func:`kernel_file`: key, disk-cache lookup, else render and compile into the cache
-  (``LAZYTENSOR_DEBUG=1`` prints the key and the source);
+- :func:`kernel_binary`: key, disk-cache read (verified bytes), else render and compile
+  into the cache (``LAZYTENSOR_DEBUG=1`` prints the key and the source);
 - :func:`load_once`: the in-process table in front of it, one build per key even when
   threads ask at the same time.
 
@@ -104,15 +104,17 @@ def debug() -> bool:
     return os.environ.get("LAZYTENSOR_DEBUG", "") not in ("", "0")
 
 
-def kernel_file(backend: Backend, spec: KernelSpec) -> Path:
-    """The verified path of ``spec``'s kernel for ``backend``: from the disk cache, else
-    rendered, compiled and stored (once across threads and processes)."""
+def kernel_binary(backend: Backend, spec: KernelSpec):
+    """``spec``'s kernel for ``backend`` as a :class:`lazytensor.cache.VerifiedBinary` (load
+    exactly its bytes): from the disk cache, else rendered, compiled and stored (once
+    across threads and processes)."""
     from .cache import default_cache
+    from .codegen.compilers import build_lock_timeout
 
     key = spec.key(backend.name, backend.identity, backend.key_extra)
     cache = default_cache()
-    path = cache.lookup(key, backend.artifact)
-    if path is None:
+    binary = cache.read(key, backend.artifact)
+    if binary is None:
         def build(tmpdir):
             source = backend.render(spec)
             if debug():
@@ -122,10 +124,11 @@ def kernel_file(backend: Backend, spec: KernelSpec) -> Path:
             return {"reduction": spec.reduction, "dtype": spec.dtype, **backend.meta,
                     "formula": ir.to_text(spec.formula)[:500]}
 
-        path = cache.get_or_build(key, build, backend.artifact)
+        binary = cache.read_or_build(key, build, backend.artifact,
+                                     lock_timeout=build_lock_timeout())
     elif debug():
-        print(f"[lazytensor] loaded {backend.label} {key} from {path}", file=sys.stderr)
-    return path
+        print(f"[lazytensor] loaded {backend.label} {key} from {binary.path}", file=sys.stderr)
+    return binary
 
 
 _locks_lock = threading.Lock()

@@ -16,21 +16,21 @@ import sys
 
 from .codegen import reductions
 from .codegen.cpu import dot_tiling_enabled
-from .kernels import Backend, KernelSpec, kernel_file, load_once
+from .kernels import Backend, KernelSpec, kernel_binary, load_once
 
 
 class CpuKernel:
-    """A loaded ``lt_run`` with its calling convention."""
+    """A loaded ``lt_run`` with its calling convention (``binary``: a cache.VerifiedBinary)."""
 
-    def __init__(self, path: str, spec: KernelSpec):
-        self.lib = ctypes.CDLL(path)
+    def __init__(self, binary, spec: KernelSpec):
+        self.lib = binary.load(ctypes.CDLL)  # exactly the bytes the cache verified
         fn = self.lib.lt_run
         fn.argtypes = [ctypes.c_void_p]  # one array of words, see codegen.render_cpu
         fn.restype = ctypes.c_int
         self.fn = fn
         self.spec = spec
         self.outputs = reductions.get(spec.reduction).outputs(spec.formula.dim, spec.opts_dict)
-        self.path = path
+        self.path = str(binary.path)
 
 
 _table: dict = {}  # KernelSpec -> CpuKernel: the kernels this process has loaded
@@ -72,12 +72,12 @@ def check_stack(spec: KernelSpec) -> None:
 
 def cpu_backend() -> Backend:
     """The CPU backend: the system C++ compiler, ``lt_run`` in ``kernel.so``."""
-    from .codegen.compilers import CompilerNotFound, cpu_compiler
+    from .codegen.compilers import cpu_compiler
     from .codegen.cpu.kernel import render_cpu_kernel
 
     compiler = cpu_compiler()
     if not compiler.available:
-        raise CompilerNotFound("no C++ compiler found (set $CXX or install g++)")
+        raise compiler.not_found()
     return Backend(
         "cpu", "kernel.so", compiler.identity(),
         render=lambda spec: render_cpu_kernel(spec.formula, list(spec.var_specs),
@@ -88,7 +88,7 @@ def cpu_backend() -> Backend:
 
 def _load_or_build_cpu(spec: KernelSpec) -> CpuKernel:
     check_stack(spec)
-    return CpuKernel(str(kernel_file(cpu_backend(), spec)), spec)
+    return CpuKernel(kernel_binary(cpu_backend(), spec), spec)
 
 
 # libgomp's thread pool does not survive fork(): a child that enters a parallel region

@@ -92,10 +92,11 @@ int64_t fake_launches(void) { return launches; }
 _dir = Path(tempfile.mkdtemp(prefix="lazytensor-cuda-emulation-"))
 
 
-def cxx() -> str | None:
+def cxx() -> list[str] | None:
+    """The C++ compiler's command (``$CXX`` may be a command with arguments)."""
     from lazytensor.codegen.compilers import cpu_compiler
 
-    return cpu_compiler().path
+    return cpu_compiler().argv
 
 
 def _build(source: str, stem: str, extra=()) -> Path:
@@ -104,7 +105,7 @@ def _build(source: str, stem: str, extra=()) -> Path:
     if not out.exists():
         src = _dir / f"{stem}-{digest}.cpp"
         src.write_text(source)
-        cmd = [cxx(), "-O1", "-std=c++14", "-fPIC", "-shared", "-w", str(src), "-o",
+        cmd = [*cxx(), "-O1", "-std=c++14", "-fPIC", "-shared", "-w", str(src), "-o",
                str(out), *extra]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode:

@@ -110,12 +110,28 @@ def cache_warnings(seen: list) -> list:
     return [w for w in seen if issubclass(w.category, CacheWarning)]
 
 
+_DIR_FD_ARGS = {0: ("dir_fd", "src_dir_fd"), 1: ("dst_dir_fd",)}
+
+
+def full_path(args: tuple, kwargs: dict, arg: int) -> str:
+    """The path an os call reaches with its argument ``arg``: a name relative to a
+    ``dir_fd``, or a descriptor itself, is resolved through /proc/self/fd."""
+    target = args[arg]
+    if isinstance(target, int):
+        return os.readlink(f"/proc/self/fd/{target}")
+    target = os.fspath(target)
+    for name in _DIR_FD_ARGS.get(arg, ()):
+        if kwargs.get(name) is not None and not os.path.isabs(target):
+            return os.path.join(os.readlink(f"/proc/self/fd/{kwargs[name]}"), target)
+    return target
+
+
 def raise_under(real, prefix: Path, code: int, arg: int = 0):
     """Wrap an os function so that it fails with ``code`` for paths under ``prefix``."""
     prefix_text = str(prefix)
 
     def fake(*args, **kwargs):
-        path = os.fspath(args[arg])
+        path = full_path(args, kwargs, arg)
         if path == prefix_text or path.startswith(prefix_text + os.sep):
             raise OSError(code, os.strerror(code), path)
         return real(*args, **kwargs)
@@ -367,10 +383,10 @@ def test_keyboard_interrupt_while_moving_into_place(
 ) -> None:
     real_replace = os.replace
 
-    def interrupted(src, dst):
+    def interrupted(src, dst, **kwargs):
         if Path(dst).name == KEY:
             raise KeyboardInterrupt
-        return real_replace(src, dst)
+        return real_replace(src, dst, **kwargs)
 
     with monkeypatch.context() as patch, pytest.raises(KeyboardInterrupt):
         patch.setattr(os, "replace", interrupted)

@@ -147,3 +147,105 @@ def test_op_without_ir_derivative_runs_forward_and_refuses_gradients(rng):
 
 def test_exported_from_package():
     assert lazytensor.elementwise is elementwise
+
+
+# ------------------------------------------------------------------ what reaches the printer
+_K = sympy.Symbol("k", integer=True)
+_T = sympy.Symbol("t", real=True)
+_BAD_NAME = sympy.Symbol('q\n#include "/etc/passwd"\n', real=True)
+
+EXACT_LITERALS = {  # expression -> its value at u, in float64
+    "u*10**20": (lambda u: u * 10**20, lambda u: u * 1e20),
+    "u*2**64": (lambda u: u * 2**64, lambda u: u * 2.0**64),
+    "u*(2**64+1)": (lambda u: u * (2**64 + 1), lambda u: u * float(2**64 + 1)),
+    "u-3**50": (lambda u: u - 3**50, lambda u: u - float(3**50)),
+    "u*10**300": (lambda u: u * 10**300, lambda u: u * 1e300),
+    "u*10**30/7": (lambda u: u * sympy.Rational(10**30, 7), lambda u: u * (10**30 / 7)),
+    "u/(3*2**80)": (lambda u: u / (3 * 2**80), lambda u: u / (3 * 2.0**80)),
+    "u*EulerGamma": (lambda u: u * sympy.EulerGamma, lambda u: u * 0.5772156649015329),
+    "u*Catalan": (lambda u: u + sympy.Catalan, lambda u: u + 0.915965594177219),
+    "u*GoldenRatio": (lambda u: u * sympy.GoldenRatio, lambda u: u * 1.618033988749895),
+    "Sum(u**k)": (lambda u: sympy.Sum(u**_K / sympy.factorial(_K), (_K, 0, 6)),
+                  lambda u: sum(u**k / np.prod(np.arange(1, k + 1)) for k in range(7))),
+    "Subs": (lambda u: sympy.Subs(sympy.sin(_T), _T, u), np.sin),
+    "Derivative": (lambda u: sympy.Derivative(sympy.sin(u) * u, u), lambda u: np.cos(u) * u + np.sin(u)),
+    "Product": (lambda u: sympy.Product(u + _K, (_K, 1, 3)), lambda u: (u + 1) * (u + 2) * (u + 3)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EXACT_LITERALS))
+def test_literals_and_constants_compile_to_their_value(rng, case):
+    """Large integers were C integer literals (u*10**20 gave 1.16e19 u, u*2**64 gave 0);
+    EulerGamma and unevaluated Sum/Subs failed to compile."""
+    make, value = EXACT_LITERALS[case]
+    name = "t_lit_" + "".join(ch if ch.isalnum() else "_" for ch in case)
+    f = elementwise(name, make)
+    x, y = rng.uniform(0.5, 1.5, size=(7, 1)), np.zeros((1, 1))
+    want = value(x)
+    np.testing.assert_allclose(f(Vi(x) - Vj(y)).sum(1), want, rtol=1e-14, atol=0)
+    got32 = f(Vi(x.astype(np.float32)) - Vj(y.astype(np.float32))).sum(1)
+    with np.errstate(over="ignore"):  # u*10**300 is inf in float32, as it should be
+        want32 = want.astype(np.float32)
+    np.testing.assert_allclose(got32, want32, rtol=3e-6, atol=0)
+    np.testing.assert_allclose(f(x), want, rtol=1e-14, atol=0)  # the reference agrees
+
+
+REFUSED = {
+    "integer beyond float64": (lambda u: u * 10**400, "outside the float64 range"),
+    "rational underflowing": (lambda u: u * sympy.Rational(1, 10**400), "outside the float64 range"),
+    "float beyond float64": (lambda u: u * sympy.Float("1e400"), "outside the float64 range"),
+    "newline and #include in a bound name": (
+        lambda u: sympy.Subs(u * _BAD_NAME, _BAD_NAME, 2), "not an identifier"),
+    "newline in a summation index": (
+        lambda u: sympy.Sum(u ** sympy.Symbol("k\n#define u 0", integer=True),
+                            (sympy.Symbol("k\n#define u 0", integer=True), 0, 2)),
+        "not an identifier"),
+    "#include in a function name": (lambda u: sympy.Function('f\n#include "x"')(u), "not an identifier"),
+    "undefined function": (lambda u: sympy.Function("g")(u), "undefined function"),
+    "function without C": (lambda u: sympy.besselj(0, u), "no C translation"),
+    "Integral": (lambda u: sympy.Integral(u * _K, (_K, 0, 1)), "no C translation for Integral"),
+    "long Sum": (lambda u: sympy.Sum(sympy.sin(_K * u), (_K, 0, 10**6)), "at most 256 terms"),
+    "infinite Sum": (lambda u: sympy.Sum(u**_K / sympy.factorial(_K), (_K, 0, sympy.oo)),
+                     "integer bounds"),
+    "complex infinity": (lambda u: u + sympy.zoo, "not a real number|real sympy expression"),
+    "polygamma": (lambda u: sympy.polygamma(1, u), "no C translation"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_expressions_without_an_exact_c_translation_are_refused_at_definition(case):
+    make, message = REFUSED[case]
+    name = "t_bad_" + "".join(ch if ch.isalnum() else "_" for ch in case)
+    with pytest.raises(ValueError, match=message) as info:
+        elementwise(name, make)
+    assert name in str(info.value)
+    with pytest.raises(ValueError, match="Unknown|unknown|not"):
+        Genred(f"{name}(x)", ["x = Vi(1)"], axis=1)  # nothing was registered
+    assert elementwise(name, lambda u: u + 1)(1.0) == 2.0  # the name is still free
+
+
+def test_printed_text_is_checked_before_it_enters_a_kernel():
+    from lazytensor.codegen import sympy_bridge
+
+    for bad in ('a0 + "x"', "a0 // comment", "a0; system(1)", "a0\n#include <x>", "a0[1]",
+                "evil(a0)", "a0 /* x */"):
+        with pytest.raises(ValueError, match="not an expression of known names"):
+            sympy_bridge.check_c_text(bad)
+    assert sympy_bridge.check_c_text("fmaxf(1, a0) + M_PI*expf(-a0)") == "fmaxf(1, a0) + M_PI*expf(-a0)"
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_random_large_literals_print_as_the_nearest_double(seed):
+    """Integers and fractions of any size up to the float64 range: the literal's decimal
+    text rounds (as the compiler rounds it) to the correctly rounded double."""
+    from fractions import Fraction
+
+    from lazytensor.codegen import sympy_bridge
+
+    gen = np.random.default_rng(seed)
+    for _ in range(300):
+        p = int(gen.integers(1, 10**9)) * 10 ** int(gen.integers(0, 290)) + int(gen.integers(0, 10**6))
+        q = int(gen.integers(1, 10**6)) ** int(gen.integers(1, 4))
+        for value in (sympy.Integer(p), sympy.Rational(-p, q)):
+            text = sympy_bridge.literal_text(value)
+            assert float(text) == float(Fraction(int(value.p), int(value.q))), (value, text)

@@ -341,7 +341,7 @@ def test_keyboard_interrupt_during_compile_leaves_nothing(fresh_cache, monkeypat
         raise KeyboardInterrupt
 
     with monkeypatch.context() as m:
-        m.setattr(compilers.subprocess, "run", interrupted)
+        m.setattr(compilers, "run_tool", interrupted)
         with pytest.raises(KeyboardInterrupt):
             formula(X, Y, c).sum(dim=1, backend="cpu")
     assert entries(fresh_cache) == []
