@@ -22,7 +22,7 @@ import numpy as np
 from . import engine
 from .binding import Variable, array_dtype, is_torch
 from .codegen import ops, parse
-from .options import check_axis, genred_reduction, keops_backend, reduction_options
+from .options import check_axis, genred_reduction, gpu_options, reduction_options
 
 
 class Genred:
@@ -33,9 +33,11 @@ class Genred:
     ``(M, D)`` for ``Vj``, ``(D,)`` for ``Pm``, with optional leading batch dimensions
     (``(B, N, D)``, ``(B, D)``). ``opt_arg`` is K for the K-min reductions; ``formula2``
     the weights of ``LogSumExp`` and ``SumSoftMaxWeight``. ``dtype``, ``cuda_type``,
-    ``enable_chunks``, ``use_fast_math`` and ``rec_multVar_highdim`` are accepted for
-    compatibility and have no effect (the arrays' dtype decides, as in pykeops 2). The call
-    takes pykeops's backend names too ("CPU", "GPU", "GPU_1D", ...).
+    ``enable_chunks`` and ``rec_multVar_highdim`` are accepted for compatibility and have no
+    effect (the arrays' dtype decides, as in pykeops 2); ``use_fast_math=True`` lets CUDA
+    kernels use approximate intrinsics (unlike pykeops, not the default). The call takes
+    pykeops's backend names too ("CPU", "GPU", "GPU_1D", ...) and ``device_id`` (NumPy
+    arrays with ``backend="GPU"`` are copied to that GPU and back).
 
     >>> import numpy as np
     >>> nn = Genred("SqDist(x, y)", ["x = Vi(2)", "y = Vj(2)"], "ArgKMin", axis=1, opt_arg=3)
@@ -45,9 +47,10 @@ class Genred:
 
     def __init__(self, formula, aliases, reduction_op="Sum", axis=0, dtype=None, opt_arg=None,
                  formula2=None, dtype_acc="auto", use_double_acc=False, sum_scheme="auto",
-                 enable_chunks=True, rec_multVar_highdim=None, use_fast_math=True, cuda_type=None):
+                 enable_chunks=True, rec_multVar_highdim=None, use_fast_math=None, cuda_type=None):
         check_axis(axis)
         self.reduction, self.opts = genred_reduction(reduction_op, opt_arg, formula2)
+        self.opts.update(gpu_options("auto", None, use_fast_math)[1])
         scope = parse.Scope(aliases)
         node = scope.parse(formula)
         if formula2 is not None:
@@ -67,7 +70,7 @@ class Genred:
 
     def __call__(self, *args, backend="auto", device_id=-1, ranges=None, out=None):
         """Run the reduction on one array per variable (index order)."""
-        backend = str(keops_backend(backend)).lower()
+        backend = str(gpu_options(backend, device_id)[0]).lower()
         variables = bind_arguments(self.variables, args)
         if ranges is not None:  # block-sparse (see lazytensor.ranges)
             from . import ranges as ranges_mod

@@ -20,6 +20,7 @@ from . import solve as linear_solve
 from .binding import Variable, array_dtype, bind, is_torch
 from .cluster import swap_axes
 from .codegen import compositions, ir, ops
+from .distributed import context as distributed_context
 from .options import split_reduction_keywords
 
 
@@ -543,13 +544,22 @@ class LazyTensor:
         return dim is not None and not isinstance(dim, bool) and dim in (-1, self.nbatchdims + 2)
 
     def _reduce(self, reduction, dim, axis=None, backend="auto", opts=None, call=True, out=None,
-                grad_mode=None, ranges=None, **unknown):
+                grad_mode=None, ranges=None, group=None, **unknown):
         if unknown:
             raise TypeError(f"{reduction}() got an unexpected keyword argument {next(iter(unknown))!r}")
         axis_ = self._axis(dim, axis, reduction)
         opts = dict(opts or {})
         ranges = self.ranges if ranges is None else ranges
-        if ranges is None:
+        sharding = distributed_context.active(group)
+        if sharding is not None:  # over the ranks of a process group (lazytensor.distributed)
+            if ranges is not None:
+                raise NotImplementedError(f"{reduction}: block-sparse ranges in a distributed "
+                                          "reduction are not supported")
+            from .distributed import api as distributed_api
+
+            def run_reduction(*args):
+                return distributed_api.reduce(*args, sharding=sharding)
+        elif ranges is None:
             run_reduction = engine.reduce
         else:
             from . import ranges as ranges_mod
@@ -582,8 +592,11 @@ class LazyTensor:
         ``argmax`` too); with reduction options but no dim it asks for the dim.
         Options as pykeops: ``sum_scheme`` ("block_sum" default, "direct_sum",
         "kahan_scheme"), ``dtype_acc`` / ``use_double_acc``, ``backend`` ("CPU", "GPU" ...
-        too); ``enable_chunks``, ``use_fast_math``, ``device_id`` are accepted without effect;
-        ``grad_mode`` for torch gradients.
+        too); ``device_id`` picks the GPU, ``use_fast_math=True`` allows approximate CUDA
+        intrinsics; ``enable_chunks`` is accepted without effect;
+        ``grad_mode`` for torch gradients; ``group`` (a ``torch.distributed`` process group,
+        or a :class:`lazytensor.distributed.Sharding`) runs it over the group's ranks, each
+        holding its own rows (:mod:`lazytensor.distributed`; every reduction takes it).
         An empty reduction (no j, or no i for dim=0) gives 0; NaN terms give NaN, +inf and
         -inf terms together give NaN, as in NumPy.
         """
