@@ -441,16 +441,21 @@ def wide_table(args, sizes) -> Table:
     return t
 
 
+OVERHEAD_N = 200  # points on each side in the call-overhead table
+
+
 def overhead_table(args) -> Table:
-    """First call (compile), cached small calls, disk-cache hit in a new process."""
+    """First call (compile), cached small calls with and without gradients, disk-cache hit
+    in a new process."""
     import torch
 
-    from lazytensor import Vi, Vj
+    from lazytensor import Vi, Vj, dispatch, engine
 
-    t = _start(Table("Call overheads, N = M = 100, D = 3", ["what", "time", "how measured"]))
+    n = OVERHEAD_N
+    t = _start(Table(f"Call overheads, N = M = {n}, D = 3", ["what", "time", "how measured"]))
     # first call of a never-seen formula: a fresh private cache, so render + compile + load
     with tempfile.TemporaryDirectory(prefix="lazytensor-bench-cache-") as d:
-        code = _NEW_PROCESS.format(cache=d, repeat=1)
+        code = _NEW_PROCESS.format(cache=d, repeat=1, n=n)
         first = _run_json(code)
         hits = [_run_json(code) for _ in range(3)]
     t.add("first call of a new formula", _fmt_time(first["first"]),
@@ -458,16 +463,14 @@ def overhead_table(args) -> Table:
     t.add("disk-cache hit in a new process", _fmt_time(statistics.median(h["first"] for h in hits)),
           f"median of 3 processes (each: import {statistics.median(h['import'] for h in hits):.2f}"
           " s, not counted), first call with the kernel on disk")
-    x, y, b = torch.rand(100, 3), torch.rand(100, 3), torch.rand(100, 1)
+    x, y, b = torch.rand(n, 3), torch.rand(n, 3), torch.rand(n, 1)
     K = (-Vi(x).sqdist(Vj(y))).exp()
     S = K * Vj(b)
-    S.sum(dim=1)
-    from lazytensor import engine
-
-    call = next(c for c in engine._cpu_calls if c.N == 100)
-    _, launch, _ = engine._cpu_calls[call]
+    plan = engine.prepare(S.formula, S.variables, "sum", 1, {})
     arrays = [v.data for v in S.variables]
-    outs = [torch.empty(100, 1)]
+    dispatch.execute(plan.call, arrays)
+    launch = plan.call.memo["executor"][1].launch
+    outs = [torch.empty(n, 1)]
     args_ = launch.args_type(launch.N, launch.M, launch.nbd, 1, 0, *launch.tables,
                              *[a.data_ptr() for a in arrays], outs[0].data_ptr())
     addr = ctypes.addressof(args_)
@@ -479,9 +482,39 @@ def overhead_table(args) -> Table:
           f"median of 3000 calls; overhead over the kernel {_fmt_time(reduce_only - kernel_only)}")
     t.add("K @ b (builds K * b, then reduces)", _fmt_time(matmul),
           f"median of 3000 calls; overhead over the kernel {_fmt_time(matmul - kernel_only)}")
+    xg = x.clone().requires_grad_(True)
+    Kg = (-Vi(xg).sqdist(Vj(y))).exp()
+    for mode, what in (("auto", "grad_mode auto: the same kernel, through autograd (dual mode "
+                                "only from 2^16 pairs on)"),
+                       ("dual", 'grad_mode="dual": the fused kernel also sums 3 tangents')):
+        tg, ratio = _median_ratio(lambda mode=mode: Kg.__matmul__(b, grad_mode=mode),
+                                  lambda: K @ b)
+        t.add(f"K @ b, x requires grad, {mode} (forward)", _fmt_time(tg),
+              f"{what}; ×{ratio:.2f} the call without grad (median of per-round ratios)")
+    xs, ys, bs = (v.clone().requires_grad_(True) for v in (x, y, b))
+
+    def forward_backward():
+        ((-Vi(xs).sqdist(Vj(ys))).exp() @ bs).sum().backward()
+
+    t.add("forward + backward in x, y, b", _fmt_time(_median_call(forward_backward, 300)),
+          "median of 300 calls, formula built each time; the backward's kernels and VJP "
+          "formulas come from the call's plan")
     dense = _median_call(lambda: torch.exp(-torch.cdist(x, y) ** 2) @ b, 3000)
     t.add("torch dense, same size (reference)", _fmt_time(dense), "median of 3000 calls")
     return t
+
+
+def _median_ratio(fa, fb, rounds: int = 15, n: int = 200) -> tuple:
+    """(median time of ``fa``, median over rounds of its time / ``fb``'s), alternating."""
+    ta, ratios = [], []
+    for r in range(rounds):
+        pair = [(0, fa), (1, fb)] if r % 2 == 0 else [(1, fb), (0, fa)]
+        got = {}
+        for k, fn in pair:
+            got[k] = _median_call(fn, n)
+        ta.append(got[0])
+        ratios.append(got[0] / got[1])
+    return statistics.median(ta), statistics.median(ratios)
 
 
 def _median_call(fn, n: int) -> float:
@@ -502,7 +535,7 @@ t0 = time.perf_counter()
 import torch
 from lazytensor import Vi, Vj
 t1 = time.perf_counter()
-x, y, b = torch.rand(100, 3), torch.rand(100, 3), torch.rand(100, 1)
+x, y, b = torch.rand({n}, 3), torch.rand({n}, 3), torch.rand({n}, 1)
 t2 = time.perf_counter()
 (-Vi(x).sqdist(Vj(y)) * 1.37).exp() @ b
 t3 = time.perf_counter()

@@ -43,6 +43,8 @@ def numpy_namespace() -> SimpleNamespace:
         as_float=lambda cond, like: np.asarray(cond).astype(like.dtype),
         arange=lambda n, like: np.arange(n, dtype=like.dtype),
         asarray=lambda v, like: np.asarray(v, dtype=like.dtype),
+        take_along=np.take_along_axis,
+        stack=lambda arrays, axis: np.stack(arrays, axis=axis),
         pi=math.pi,
         name="numpy",
     )
@@ -73,7 +75,16 @@ def torch_namespace() -> SimpleNamespace:
         as_float=lambda cond, like: cond.to(like.dtype),
         arange=lambda n, like: torch.arange(n, dtype=like.dtype, device=like.device),
         asarray=lambda v, like: torch.as_tensor(v, dtype=like.dtype, device=like.device),
+        take_along=lambda a, index, axis: torch.gather(a, axis, index),
+        stack=lambda arrays, axis: torch.stack(arrays, dim=axis),
         pi=math.pi,
         name="torch",
     )
     return SimpleNamespace(**ns)
+
+
+def namespace_of(array) -> SimpleNamespace:
+    """The namespace of an array's library: torch for torch tensors, else NumPy."""
+    if type(array).__module__.startswith("torch"):
+        return torch_namespace()
+    return numpy_namespace()

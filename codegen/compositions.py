@@ -25,6 +25,14 @@ from . import ir
 from .ops import apply
 
 
+def concat(nodes) -> ir.Node:
+    """``concat(concat(n0, n1), n2) ...``: the nodes side by side, in order."""
+    out = nodes[0]
+    for n in nodes[1:]:
+        out = apply("concat", out, n)
+    return out
+
+
 def dot(a: ir.Node, b: ir.Node) -> ir.Node:
     """``Σ_k a_k b_k`` (``(a | b)``, ``Scalprod``)."""
     return apply("sum", apply("mul", a, b))

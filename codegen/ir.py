@@ -103,11 +103,11 @@ def _param_text(p) -> str:
 def make(op: str, args: Iterable[Node] = (), params: Iterable = (), dim: int = 1) -> Node:
     """Return the unique node with this structure (creating it if needed)."""
     args = tuple(args)
-    params = _canon_param(tuple(params))
+    params = _canon_param(tuple(params)) if params else ()
     dim = int(dim)
     if dim < 1:
         raise ValueError(f"IR node {op!r} would have dimension {dim}; dimensions are >= 1")
-    ident = (op, tuple(a.key for a in args), params, dim)
+    ident = (op, tuple([a.key for a in args]), params, dim)
     with _table_lock:
         node = _table.get(ident)
         if node is not None:
@@ -210,10 +210,17 @@ def substitute(root: Node, mapping: dict[Node, Node]) -> Node:
     return rebuild(root, fn)
 
 
+_SWAPPED = {"i": "j", "j": "i", "p": "p"}
+
+
+def swap_cat(cat: str) -> str:
+    """The category of a variable once i and j are exchanged."""
+    return _SWAPPED[cat]
+
+
 def swap_ij(root: Node) -> Node:
     """The same formula with the roles of i and j exchanged (reduction over i)."""
-    swapped = {"i": "j", "j": "i", "p": "p"}
-    mapping = {v: var(v.index, v.dim, swapped[v.cat]) for v in variables(root)}
+    mapping = {v: var(v.index, v.dim, _SWAPPED[v.cat]) for v in variables(root)}
     return substitute(root, mapping)
 
 

@@ -32,11 +32,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import ir, ops
-from .simplify import simplify
+from . import ir, ops, reductions
+from .cpu import DOT_MIN_DIM, MAX_DOT_DIM, WIDE
+from .simplify import distribute_dots, simplify
 
-MIN_WIDE = 17  # below this a formula vectorizes across j as it is
-MAX_NARROW = 16  # weights + direct components the pair loop may carry
+MIN_WIDE = WIDE + 1  # below this a formula vectorizes across j as it is
+MAX_NARROW = WIDE  # weights + direct components the pair loop may carry
 
 
 @dataclass(frozen=True)
@@ -208,6 +209,22 @@ def linearize(formula: ir.Node, max_narrow: int = MAX_NARROW) -> Linear | None:
     return Linear(narrow, tuple(row_terms), tuple(col_terms), direct, formula.dim, tuple(comps))
 
 
+def wide_sum(formula: ir.Node, reduction: str) -> Linear | None:
+    """The weighted-sum form the CPU kernel can use, or None: a Sum (or a softmax-weighted
+    sum / weighted log-sum-exp, whose weight is the wide part: the reductions whose
+    ``wide`` is "sum" or "softmax") whose wide terms are all weights times j-variables
+    (row terms are split off before, by the caller)."""
+    wide = reductions.get(reduction).wide
+    if wide is None or formula.dim <= WIDE:
+        return None
+    lin = linearize(formula, max_narrow=WIDE)
+    if lin is None or lin.row_terms or not lin.col_terms:
+        return None
+    if wide == "softmax" and not any(off == 0 for _, off in lin.direct):
+        return None  # the scalar f (component 0) must be one of the narrow components
+    return lin
+
+
 @dataclass(frozen=True)
 class RowSplit:
     """``Σ_j F = (Σ_j G)[:, :F.dim] + Σ_t coef_t L_t(i) (Σ_j G)[:, weight_t]`` at the terms'
@@ -249,3 +266,56 @@ def split_rows(formula: ir.Node) -> RowSplit | None:
     terms = tuple(Term(index[t.weight], t.factor, t.offset, t.coef) for t in lin.row_terms)
     return RowSplit(G, terms, formula.dim)
 
+
+@dataclass(frozen=True)
+class GradientPlan:
+    """A gradient Sum in the form its kernel runs fastest (see :func:`plan_gradient_sum`):
+    the ``formula`` the kernel sums, reading the ``hoisted`` values (j-only, computed once
+    per j before the kernel) as j-variables numbered from ``n_vars``; and the row terms
+    ``split`` off it (multiplied in after the kernel), or None."""
+
+    formula: ir.Node
+    hoisted: tuple
+    split: RowSplit | None
+
+
+def plan_gradient_sum(formula: ir.Node, n_vars: int) -> GradientPlan:
+    """The structure of a gradient formula, worked out once per formula (no arrays).
+
+    ``⟨g_j, v_i - out_j⟩`` is first written ``⟨g_j, v_i⟩ - ⟨g_j, out_j⟩``; then narrow
+    values of the reduced side alone that read wide vectors of several j-variables (the
+    second term, in the i-side gradient of a softmax-weighted sum) are hoisted: in the
+    pair loop they would cost a wide loop per pair (the CPU plan hoists values of one
+    j-variable itself). Then the row terms are split off (:func:`split_rows`).
+
+    >>> x, y = ir.var(0, 3, "i"), ir.var(1, 3, "j")
+    >>> plan_gradient_sum(ops.apply("mul", x, y), 2).hoisted
+    ()
+    """
+    formula = distribute_dots(formula, DOT_MIN_DIM, MAX_DOT_DIM)
+    info: dict = {}  # node -> (reads only j-variables, widest vector read, variables read)
+    for n in ir.topo_order(formula):
+        if n.op == "var":
+            info[n] = (n.cat == "j", n.dim, frozenset((n.index,)))
+        elif n.op == "const":
+            info[n] = (True, 0, frozenset())
+        else:
+            parts = [info[a] for a in n.args]
+            info[n] = (all(p[0] for p in parts), max(p[1] for p in parts),
+                       frozenset().union(*(p[2] for p in parts)))
+    hoisted: dict = {}  # the topmost such values, in a fixed order
+    stack, seen = [formula], set()
+    while stack:
+        n = stack.pop()
+        if n in seen or n.op in ("var", "const"):
+            continue
+        seen.add(n)
+        only_j, widest, used = info[n]
+        if only_j and n.dim <= WIDE and widest > WIDE and len(used) >= 2:
+            hoisted[n] = None
+            continue
+        stack.extend(n.args)
+    if hoisted:
+        formula = ir.substitute(formula, {n: ir.var(n_vars + k, n.dim, "j")
+                                          for k, n in enumerate(hoisted)})
+    return GradientPlan(formula, tuple(hoisted), split_rows(formula))

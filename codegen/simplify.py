@@ -1,4 +1,5 @@
-"""Simplification, a pass of its own: neutral elements, zeros, constant folding.
+"""Simplification, a pass of its own: neutral elements, zeros, constant folding; and the
+distribution of dot products over sums (:func:`distribute_dots`).
 
 Gradient formulas come out of the VJP rules full of ``* 1``, ``+ 0`` and constant
 subexpressions; this pass removes them before emission. Common subterms are already
@@ -140,3 +141,39 @@ def _slice(x: ir.Node, start: int, length: int, depth: int = 0) -> ir.Node:
 def simplify(root: ir.Node) -> ir.Node:
     """Return an equivalent, smaller formula (same dimension)."""
     return ir.rebuild(root, _rewrite)
+
+
+def distribute_dots(formula: ir.Node, min_dim: int, max_dim: int) -> ir.Node:
+    """``⟨A, B ± C⟩`` -> ``⟨A, B⟩ ± ⟨A, C⟩`` for dimensions in ``[min_dim, max_dim]`` when A
+    is on one side (i or j) and B, C on different ones: gradients of softmax-weighted sums
+    read ``⟨g_i, v_j - out_i⟩``, a dot product in disguise (and the CPU backend runs dot
+    products of one side against the other as a small GEMM)."""
+    memo: dict = {}  # node -> its variables' categories (nodes are hash-consed)
+
+    def cats(n):
+        c = memo.get(n)
+        if c is None:  # built bottom-up: the arguments are already known
+            c = {n.cat} if n.op == "var" else set().union(*(cats(a) for a in n.args))
+            memo[n] = c
+        return c
+
+    def fn(node, args):
+        new = node if args == node.args else ir.make(node.op, args, node.params, node.dim)
+        if new.op != "sum" or not min_dim <= args[0].dim <= max_dim:
+            return new
+        m = args[0]
+        if m.op != "mul" or m.args[0].dim != m.args[1].dim:
+            return new
+        for a, s in (m.args, m.args[::-1]):
+            ca = cats(a)
+            if s.op in ("add", "sub") and s.args[0].dim == s.args[1].dim == a.dim \
+                    and not ("i" in ca and "j" in ca):
+                x, y = s.args
+                cx, cy = cats(x), cats(y)
+                if ("j" in cx) != ("j" in cy) or ("i" in cx) != ("i" in cy):
+                    left = apply("sum", apply("mul", a, x))
+                    right = apply("sum", apply("mul", a, y))
+                    return apply(s.op, left, right)
+        return new
+
+    return ir.rebuild(formula, fn)

@@ -55,11 +55,12 @@ _EXPORTS = {
     "generic_argmin": "genred", "generic_argkmin": "genred",
     "KernelSolve": "solve",
     "elementwise": "custom",
+    "set_default_grad_mode": "options",
 }
 
 __all__ = ["LazyTensor", "Pm", "Vi", "Vj", "__version__", "Genred", "KernelSolve",
            "elementwise", "generic_argkmin", "generic_argmin", "generic_logsumexp",
-           "generic_sum"]
+           "generic_sum", "set_default_grad_mode"]
 
 
 def __getattr__(name: str):

@@ -4,26 +4,30 @@ Gradient of a Sum reduction ``a_i = Σ_j F(x_i, y_j, p)`` with output gradient `
 ``∂/∂x_i = Σ_j (∂F/∂x_i)ᵀ g_i`` (a reduction over j), ``∂/∂y_j = Σ_i (∂F/∂y_j)ᵀ g_i`` (over
 i), ``∂/∂p = Σ_i Σ_j (∂F/∂p)ᵀ g_i``. All i-side gradients share one kernel, all j-side
 gradients another. LogSumExp and the softmax-weighted sum are Sum reductions of a
-formula that uses the saved forward result (treated as one more i-variable):
-``d lse_i = Σ_j exp(F_ij - lse_i) dF_ij``. Min/Max/K-min reductions differentiate through
-the saved indices: the formula is re-evaluated in torch at the selected pairs only
-(O(N·K) memory). Backward calls the same Function again, so gradients of any order work.
+formula that uses the saved forward result (treated as one more i-variable; each
+reduction's ``vjp_formula``). Min/Max/K-min reductions differentiate through the saved
+indices: the formula is re-evaluated in torch at the selected pairs only (O(N·K)
+memory). Backward calls the same Function again, so gradients of any order work.
+
+The symbolic part of a backward (the VJP formulas, their calls, the form their kernels
+take, :func:`lazytensor.codegen.linearize.plan_gradient_sum`) is a :class:`VjpPlan`,
+worked out once per call and set of inputs that need a gradient (:func:`vjp_plan`) and
+kept in the call's memo: a repeated backward runs no differentiation.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
+from dataclasses import dataclass
 
 import torch
 
-from .codegen import diff, ir, linearize, ops
+from .codegen import diff, ir, reductions
 from .codegen.arraymath import torch_namespace
+from .codegen.compositions import concat
 from .codegen.evaluate import evaluate
-from .engine import ReductionCall, execute
-
-_ARG_VARIANT = {"min": "min_argmin", "max": "max_argmax", "kmin": "kmin_argkmin"}
-_GATHER = {"min_argmin", "max_argmax", "kmin_argkmin"}
+from .codegen.linearize import GradientPlan, plan_gradient_sum
+from .dispatch import ReductionCall, execute
 
 
 class KernelReduction(torch.autograd.Function):
@@ -48,118 +52,110 @@ class KernelReduction(torch.autograd.Function):
         return (None, *reduction_vjp(ctx.call, inputs, outs, list(grads), needs))
 
 
-def apply_with_grad(call: ReductionCall, arrays: list, grad_mode: str | None = None) -> list:
-    """Run ``call`` through the autograd Function (min-type reductions also keep indices).
+@dataclass(frozen=True)
+class SideGradient:
+    """The gradients of the inputs ``slots`` of one side (i-variables and parameters: a
+    Sum over j; j-variables: over i), as one Sum of their concatenated cotangents."""
 
-    Sum and LogSumExp whose differentiated i-variables/parameters are small use the fused
-    (dual-number) forward of :mod:`lazytensor.mixed` unless ``grad_mode="symbolic"``.
-    """
-    from . import mixed
+    slots: tuple
+    call: ReductionCall  # the Sum the kernel runs (after the gradient plan)
+    plan: GradientPlan | None  # None on the NumPy backend: the formula as it is
 
-    mode = grad_mode or mixed.default_grad_mode()
-    if mode not in mixed.GRAD_MODES:
-        raise ValueError(f"grad_mode must be one of {mixed.GRAD_MODES}, got {mode!r}")
-    ks = mixed.dual_slots(call, arrays, mode)
-    if ks:
-        return [mixed.FusedReduction.apply(call, tuple(ks), *arrays)]
-    variant = _ARG_VARIANT.get(call.reduction)
-    if variant is not None:
-        full = call.with_formula(call.formula, call.cats, call.dims, variant, call.opts)
-        return list(KernelReduction.apply(full, *arrays))[:1]
-    return list(KernelReduction.apply(call, *arrays))
+
+@dataclass(frozen=True)
+class VjpPlan:
+    sides: tuple  # of SideGradient
+
+
+def vjp_plan(call: ReductionCall, needs: tuple, aux: bool) -> VjpPlan:
+    """The symbolic part of the backward of ``call`` (a reduction whose ``gradient`` is
+    "sum") for the inputs with ``needs[k]``; ``aux``: the auxiliary outputs have a
+    cotangent too. Worked out once per (call, needs, aux)."""
+    key = ("vjp", needs, aux)
+    plan = call.memo.get(key)
+    if plan is None:
+        plan = call.memo[key] = _vjp_plan(call, needs, aux)
+    return plan
+
+
+def _vjp_plan(call: ReductionCall, needs: tuple, aux: bool) -> VjpPlan:
+    red = reductions.get(call.reduction)
+    n_in = len(call.cats)
+    saved = red.outputs(call.formula.dim, call.opts_dict)[: red.vjp_saves]
+    saved_vars = [ir.var(n_in + q, o.dim, "i") for q, o in enumerate(saved)]
+    G = red.vjp_formula(call.formula, saved_vars, aux)
+    cats = list(call.cats) + ["i"] * len(saved) + ["i"]
+    dims = list(call.dims) + [o.dim for o in saved] + [G.dim]
+    g_var = ir.var(len(cats) - 1, G.dim, "i")
+    wanted = [k for k in range(n_in) if needs[k]]
+    xs = {k: ir.var(k, call.dims[k], call.cats[k]) for k in wanted}
+    cot = diff.vjp(G, list(xs.values()), g_var)
+    sum_opts = tuple((k, v) for k, v in call.opts if k in reductions.get("sum").options)
+    sides = []
+    for side, axis in ((("i", "p"), 1), (("j",), 0)):
+        ks = tuple(k for k in wanted if call.cats[k] in side)
+        if not ks:
+            continue
+        sub = call.with_formula(concat([cot[xs[k]] for k in ks]), cats, dims, "sum", sum_opts,
+                                axis=axis)
+        if sub.backend == "numpy":
+            sides.append(SideGradient(ks, sub, None))
+            continue
+        plan = plan_gradient_sum(sub.formula, len(sub.cats))
+        run = dataclasses.replace(sub, formula=plan.split.G if plan.split else plan.formula,
+                                  cats=sub.cats + ("j",) * len(plan.hoisted),
+                                  dims=sub.dims + tuple(n.dim for n in plan.hoisted))
+        sides.append(SideGradient(ks, run, plan))
+    return VjpPlan(tuple(sides))
 
 
 def reduction_vjp(call, inputs, outs, grads, needs) -> list:
-    red = call.reduction
+    """Gradients of ``call``'s inputs for the output cotangents ``grads``."""
+    red = reductions.get(call.reduction)
     if not any(needs):
         return [None] * len(inputs)
-    if red in _GATHER:
+    if red.gradient == "gather":
         return _gather_vjp(call, inputs, outs, grads[0], needs)
+    if red.gradient != "sum":
+        red.vjp_formula(call.formula, [], False)  # raises: no gradient
+    aux = any(gr is not None for gr in grads[red.user_outputs:])
+    plan = vjp_plan(call, tuple(bool(n) for n in needs), aux)
     g = grads[0]
-    F = call.formula
-    if red == "sum":
-        return _sum_vjp(call, F, inputs, [], g, needs)
-    k_out = ir.var(len(inputs), outs[0].shape[-1], "i")
-    if red == "logsumexp":
-        G = ops.apply("exp", ops.apply("sub", F, k_out))
-        return _sum_vjp(call, G, inputs, [outs[0]], g, needs)
-    f = ops.apply("slice", F, params=(0, 1))
-    w = ops.apply("slice", F, params=(1, F.dim - 1))
-    if red == "logsumexp_weight":
-        G = ops.apply("mul", ops.apply("exp", ops.apply("sub", f, k_out)), w)
-        return _sum_vjp(call, G, inputs, [outs[0]], g, needs)
-    if red == "sumsoftmaxweight":
-        lse = ir.var(len(inputs) + 1, 1, "i")
-        softmax = ops.apply("exp", ops.apply("sub", f, lse))
-        G = ops.apply("mul", softmax, ops.apply("sub", w, k_out))
-        if grads[1] is not None:
-            # The auxiliary log-sum-exp output is used by first-order gradients, so it
-            # receives a cotangent in double backward: d lse = Σ_j softmax_ij df_ij.
-            G = ops.apply("concat", G, softmax)
-            g0 = g if g is not None else torch.zeros_like(outs[0])
-            g = torch.cat([g0, grads[1]], dim=-1)
-        return _sum_vjp(call, G, inputs, [outs[0], outs[1]], g, needs)
-    raise NotImplementedError(
-        f"the {red} reduction has no gradient (use logsumexp / min_argmin instead)"
-    )
-
-
-def _concat(nodes):
-    out = nodes[0]
-    for n in nodes[1:]:
-        out = ops.apply("concat", out, n)
-    return out
-
-
-def _sum_vjp(call, G, inputs, extra, g, needs) -> list:
-    """Gradients of ``Σ_j G`` with cotangent ``g`` for the inputs that need them."""
+    if aux:
+        g0 = g if g is not None else torch.zeros_like(outs[0])
+        g = torch.cat([g0, *grads[red.user_outputs:]], dim=-1)
     if g is None:
         return [None] * len(inputs)
-    cats = list(call.cats) + ["i"] * len(extra)
-    dims = list(call.dims) + [e.shape[-1] for e in extra]
-    g_var = ir.var(len(cats), G.dim, "i")
-    cats.append("i")
-    dims.append(G.dim)
-    wanted = [k for k in range(len(inputs)) if needs[k]]
-    xs = {k: ir.var(k, call.dims[k], call.cats[k]) for k in wanted}
-    cot = diff.vjp(G, list(xs.values()), g_var)
-    args = [*inputs, *extra, g]
+    args = [*inputs, *outs[: red.vjp_saves], g]
     result = [None] * len(inputs)
-    for side, axis in ((("i", "p"), 1), (("j",), 0)):
-        ks = [k for k in wanted if call.cats[k] in side]
-        if not ks:
-            continue
-        formula = _concat([cot[xs[k]] for k in ks])
-        sub = call.with_formula(formula, cats, dims, "sum", _sum_opts(call), axis=axis)
-        total = sum_split_rows(sub, args)
+    for side in plan.sides:
+        total = _side_sum(side, args)
         offset = 0
-        for k in ks:
+        for k in side.slots:
             d = call.dims[k]
             part = total[..., offset: offset + d]
             offset += d
             if call.cats[k] == "p":
                 part = part.sum(dim=-2)
-            result[k] = _unbroadcast(part, inputs[k].shape)
+            result[k] = unbroadcast(part, inputs[k].shape)
     return result
 
 
-def sum_split_rows(call: ReductionCall, args: list):
-    """``Σ_j`` of ``call``'s formula, with its row terms ``s(i, j) L(i)`` (gradients of
-    kernels in high dimension: ``c_ij (x_i - y_j)``) multiplied by ``L(i)`` after the sum,
-    so that the kernel runs weighted sums of j-vectors (:mod:`codegen.linearize`)."""
-    if call.backend == "numpy":
+def _side_sum(side: SideGradient, args: list):
+    """``Σ`` of the side's cotangent formula: the hoisted values in torch, the kernel, then
+    the row terms ``s(i, j) L(i)`` multiplied by ``L(i)`` after the sum."""
+    call, plan = side.call, side.plan
+    if plan is None:
         return KernelReduction.apply(call, *args)[0]
-    formula, hoisted, split = _wide_plan(call.formula, call.cats)
     args = list(args)
-    if hoisted:
+    xp = torch_namespace()
+    if plan.hoisted:
         arrays = {k: a for k, (a, cat) in enumerate(zip(args, call.cats)) if cat == "j"}
-        xp = torch_namespace()
-        args += [evaluate(node, arrays, xp) for node in hoisted]
-    call = dataclasses.replace(call, formula=formula, cats=call.cats + ("j",) * len(hoisted),
-                               dims=call.dims + tuple(n.dim for n in hoisted))
+        args += [evaluate(node, arrays, xp) for node in plan.hoisted]
+    (G,) = KernelReduction.apply(call, *args)
+    split = plan.split
     if split is None:
-        return KernelReduction.apply(call, *args)[0]
-    (G,) = KernelReduction.apply(dataclasses.replace(call, formula=split.G), *args)
+        return G
     out = G[..., : split.dim]
     arrays = {}
     for k, (a, cat) in enumerate(zip(args, call.cats)):
@@ -167,7 +163,6 @@ def sum_split_rows(call: ReductionCall, args: list):
             arrays[k] = a
         elif cat == "p":
             arrays[k] = a.unsqueeze(-2)  # (*batch, 1, D) against (*batch, N, D)
-    xp = torch_namespace()
     pieces = {}
     for t in split.terms:
         L = evaluate(t.factor, arrays, xp) if t.factor.op != "const" else \
@@ -184,57 +179,7 @@ def sum_split_rows(call: ReductionCall, args: list):
     return torch.cat(parts, -1)
 
 
-_HOIST_MIN_INPUT = 17  # hoist j-only values that read vectors at least this wide
-
-
-@functools.lru_cache(maxsize=512)
-def _wide_plan(formula: ir.Node, cats: tuple):
-    """(formula, hoisted nodes, row split) of a gradient formula: structural, so worked
-    out once per formula and not on every backward call.
-
-    Narrow values of the reduced side alone that read wide vectors of several
-    j-variables (``⟨g_j, out_j⟩`` in the i-side gradient of a softmax-weighted sum) are
-    computed once per j in torch and passed as more j-variables (numbered after
-    ``cats``): in the pair loop they would cost a wide loop per pair. (The CPU plan
-    hoists values of one j-variable itself.) Then the row terms are split off
-    (:func:`codegen.linearize.split_rows`), or None."""
-    from .codegen.cpu_plan import distribute_dots
-
-    # ⟨g_j, v_i - out_j⟩ = ⟨g_j, v_i⟩ - ⟨g_j, out_j⟩: the second term is such a value
-    formula = distribute_dots(formula)
-    info: dict = {}  # node -> (reads only j-variables, widest vector read, variables read)
-    for n in ir.topo_order(formula):
-        if n.op == "var":
-            info[n] = (n.cat == "j", n.dim, frozenset((n.index,)))
-        elif n.op == "const":
-            info[n] = (True, 0, frozenset())
-        else:
-            parts = [info[a] for a in n.args]
-            info[n] = (all(p[0] for p in parts), max(p[1] for p in parts),
-                       frozenset().union(*(p[2] for p in parts)))
-    hoisted: dict = {}  # the topmost such values, in a fixed order
-    stack, seen = [formula], set()
-    while stack:
-        n = stack.pop()
-        if n in seen or n.op in ("var", "const"):
-            continue
-        seen.add(n)
-        only_j, widest, used = info[n]
-        if only_j and n.dim <= 16 and widest >= _HOIST_MIN_INPUT and len(used) >= 2:
-            hoisted[n] = None
-            continue
-        stack.extend(n.args)
-    if hoisted:
-        formula = ir.substitute(formula, {n: ir.var(len(cats) + k, n.dim, "j")
-                                          for k, n in enumerate(hoisted)})
-    return formula, tuple(hoisted), linearize.split_rows(formula)
-
-
-def _sum_opts(call) -> tuple:
-    return tuple((k, v) for k, v in call.opts if k in ("sum_scheme", "dtype_acc"))
-
-
-def _unbroadcast(grad, shape):
+def unbroadcast(grad, shape):
     """Sum ``grad`` over the batch dimensions along which the input was broadcast."""
     shape = tuple(shape)
     while grad.dim() > len(shape):

@@ -32,7 +32,7 @@ import numpy as np
 from . import blocks, merge
 from .binding import Variable
 from .codegen import ir, reductions
-from .genred import reduction_options
+from .options import reduction_options
 
 
 def _dask_array():

@@ -1,67 +1,50 @@
-"""Running a reduction: checks, i/j swap, backend choice, dispatch, output shapes.
+"""Running a reduction in two stages: ``prepare`` once, ``run`` on every call.
 
 ``reduce(formula, variables, "sum", axis=1)`` is what every LazyTensor reduction and
-``Genred`` call comes down to. Reductions over i (axis 0) run the same kernel with the
-roles of i and j exchanged. Torch inputs that require grad go through
-:class:`lazytensor.autograd.KernelReduction`.
+``Genred`` call comes down to. It looks up the :class:`Plan` of the call in one bounded
+LRU cache, keyed by the formula, the reduction and its options, the backend, the kind of
+each variable (category, dimension, library, dtype, shape, device, whether it requires a
+gradient), whether torch records gradients and the gradient mode. On a miss,
+:func:`prepare` does all the symbolic work: binding and checks, the i↔j swap of a
+reduction over i (axis 0), the backend, the route through autograd (plain, symbolic
+gradient, gradient through indices, fused dual numbers of :mod:`lazytensor.dual`), the
+tangent formulas of dual mode and the VJP formulas of the expected backward
+(:func:`lazytensor.autograd.vjp_plan`). :meth:`Plan.run` then only makes Python numbers
+into arrays, allocates, launches (the kernels and launch arguments are kept by the calls,
+:mod:`lazytensor.dispatch`) and shapes the outputs.
+
+The plan cache holds :data:`PLAN_CACHE_SIZE` plans, least recently used first out. A
+plan holds its calls, their loaded kernels and launch arguments and its gradient plans: a
+few kB (formulas are shared by hash-consing), so a full cache stays within tens of MB.
+Block-sparse reductions (:mod:`lazytensor.ranges`) take one plan per distinct block
+shape. :func:`clear_plans` empties it.
 """
 
 from __future__ import annotations
 
+import sys
+import threading
 import warnings
-import weakref
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
-from . import reference, runtime
-from .binding import Signature, Variable, bind, is_torch
+from .binding import bind
 from .codegen import ir, reductions
-from .codegen.render_c import VarSpec
+from .dispatch import ReductionCall, execute, scalar_array
+from .options import BACKENDS, check_grad_mode, default_grad_mode
 
-BACKENDS = ("auto", "cpu", "cuda", "gpu", "numpy")  # "gpu" = "cuda"; "cuda:k" picks GPU k
-_SWAP = {"i": "j", "j": "i", "p": "p"}
-
-
-@dataclass(frozen=True, eq=False)
-class ReductionCall:
-    """A bound reduction over j: the formula, its variables' layout, options, sizes."""
-
-    formula: ir.Node
-    cats: tuple
-    dims: tuple
-    reduction: str
-    opts: tuple
-    backend: str
-    library: str
-    dtype: str
-    device: str
-    batch: tuple
-    N: int
-    M: int
-
-    @property
-    def opts_dict(self) -> dict:
-        return dict(self.opts)
-
-    def outputs(self):
-        return reductions.get(self.reduction).outputs(self.formula.dim, self.opts_dict)
-
-    def with_formula(self, formula, cats, dims, reduction="sum", opts=(), axis=1):
-        """A new call on the same sizes (used by gradients); axis 0 swaps i and j."""
-        N, M = self.N, self.M
-        if axis == 0:
-            formula = ir.swap_ij(formula)
-            cats = tuple(_SWAP[c] for c in cats)
-            N, M = M, N
-        return ReductionCall(formula, tuple(cats), tuple(dims), reduction, tuple(opts),
-                             self.backend, self.library, self.dtype, self.device, self.batch, N, M)
-
+PLAN_CACHE_SIZE = 4096
 
 _warned_fallback = False
 
 
 def _resolve_backend(backend: str, device: str, library: str = "torch") -> str:
+    """The backend that runs a call on ``device`` ("auto": CPU kernels, or CUDA for CUDA
+    tensors; the NumPy reference, with a warning, when no C++ compiler exists; NumPy
+    arrays with a CUDA backend are copied to the GPU and back)."""
     global _warned_fallback
     backend, _ = split_device(backend)
     if backend not in BACKENDS:
@@ -102,7 +85,7 @@ def split_device(backend):
     return backend, None
 
 
-def _gpu_device(backend, sig: Signature) -> str:
+def _gpu_device(backend, sig) -> str:
     """The device of a NumPy call on the GPU: ``cuda:k`` (k from the backend, default 0);
     for torch tensors their own device, which a ``cuda:k`` backend must match."""
     _, index = split_device(backend)
@@ -114,64 +97,6 @@ def _gpu_device(backend, sig: Signature) -> str:
     return sig.device
 
 
-def _ptr(a) -> int:
-    return a.data_ptr() if is_torch(a) else a.ctypes.data
-
-
-def _alloc(call: ReductionCall, like):
-    outs = []
-    for o in call.outputs():
-        shape = (*call.batch, call.N, o.dim)
-        if call.library == "torch":
-            import torch
-
-            dt = getattr(torch, call.dtype) if o.kind == "value" else torch.int64
-            outs.append(torch.empty(shape, dtype=dt, device=call.device))
-        else:
-            outs.append(np.empty(shape, dtype=call.dtype if o.kind == "value" else np.int64))
-    return outs
-
-
-def execute(call: ReductionCall, arrays: list) -> list:
-    """Outputs of ``call`` on canonical arrays (no autograd)."""
-    if call.backend == "numpy":
-        data = [a.detach().cpu().numpy() if is_torch(a) else a for a in arrays]
-        res = reference.reduce(call.formula, data, list(call.cats), call.batch, call.N, call.M,
-                               call.reduction, call.opts_dict)
-        outs = []
-        for r, o in zip(res, call.outputs()):
-            r = r.astype(call.dtype if o.kind == "value" else np.int64)
-            if call.library == "torch":
-                import torch
-
-                r = torch.from_numpy(r).to(call.device)
-            outs.append(r)
-        return outs
-    if call.backend == "cpu":
-        return _execute_cpu(call, arrays)
-    spec = runtime.KernelSpec(
-        call.formula,
-        tuple(VarSpec(k, d, c) for k, (d, c) in enumerate(zip(call.dims, call.cats))),
-        call.reduction, call.opts, call.dtype,
-    )
-    if call.backend == "cuda":
-        from .cuda import kernels, launch  # imports pycuda, only for the GPU
-
-        kernel = kernels.get_cuda_kernel(spec, cuda_index(call.device))
-    else:
-        kernel = runtime.get_cpu_kernel(spec)
-    contiguous = [_contiguous(a) for a in arrays]
-    outs = _alloc(call, arrays[0] if arrays else None)
-    if call.N > 0 and all(s > 0 for s in call.batch):
-        if call.backend == "cuda":
-            run = launch.launch_cuda if call.library == "torch" else launch.launch_numpy
-            run(kernel, contiguous, list(call.cats), call.batch, call.N, call.M, outs)
-        else:
-            runtime.launch_cpu(kernel, contiguous, list(call.cats), call.batch, call.N,
-                               call.M, outs, _ptr)
-    return outs
-
-
 def cuda_index(device: str) -> int:
     """``"cuda:1"`` -> 1; ``"cuda"`` -> torch's current device."""
     if ":" in device:
@@ -181,77 +106,91 @@ def cuda_index(device: str) -> int:
     return torch.cuda.current_device()
 
 
-# call -> (shapes, CpuLaunch, output specs): a call that comes back (the reduce cache
-# hands out the same call object) neither rebuilds its kernel spec nor its arguments.
-_cpu_calls: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+@dataclass(eq=False)
+class Plan:
+    """A prepared reduction: everything but the arrays.
 
+    ``route``: "plain" (no autograd), "grad" (:class:`~lazytensor.autograd.KernelReduction`
+    on ``call``), "arg" (the same on the reduction's ``arg_variant``, whose indices the
+    gradient gathers through) or "dual" (:class:`~lazytensor.dual.FusedReduction` with
+    the fused inputs ``dual_slots``); ``apply`` is the autograd Function's ``apply``.
+    """
 
-def _execute_cpu(call: ReductionCall, arrays: list) -> list:
-    torch_lib = call.library == "torch"
-    if torch_lib:
-        arrays = [a if a.is_contiguous() else a.detach().contiguous() for a in arrays]
-    else:
-        arrays = [np.ascontiguousarray(a) for a in arrays]
-    shapes = tuple(a.shape for a in arrays)
-    hit = _cpu_calls.get(call)
-    if hit is None or hit[0] != shapes:
-        spec = runtime.KernelSpec(
-            call.formula,
-            tuple(VarSpec(k, d, c) for k, (d, c) in enumerate(zip(call.dims, call.cats))),
-            call.reduction, call.opts, call.dtype,
-        )
-        kernel = runtime.get_cpu_kernel(spec)
-        launch = runtime.cpu_launch(kernel, tuple(tuple(s) for s in shapes), call.cats,
-                                    call.batch, call.N, call.M)
-        hit = _cpu_calls[call] = (shapes, launch, _out_specs(call))
-    _, launch, specs = hit
-    if torch_lib:
-        import torch
+    call: ReductionCall
+    red: reductions.Reduction
+    opts: dict
+    route: str = "plain"
+    apply: Callable | None = None
+    run_call: ReductionCall | None = None
+    dual_slots: tuple = ()
+    scalars: dict = field(default_factory=dict)  # float.hex(value) -> 1-element array
 
-        outs = [torch.empty(shape, dtype=dt) for shape, dt in specs]
-        ptr = _torch_ptr
-    else:
-        outs = [np.empty(shape, dtype=dt) for shape, dt in specs]
-        ptr = _numpy_ptr
-    if launch.rows > 0:
-        launch(arrays, outs, ptr)
-    return outs
-
-
-def _torch_ptr(a) -> int:
-    return a.data_ptr()
-
-
-def _numpy_ptr(a) -> int:
-    return a.ctypes.data
-
-
-def _out_specs(call: ReductionCall) -> list:
-    """(shape, dtype) of each output, in the call's library."""
-    specs = []
-    for o in call.outputs():
-        shape = (*call.batch, call.N, o.dim)
-        if call.library == "torch":
-            import torch
-
-            specs.append((shape, getattr(torch, call.dtype) if o.kind == "value" else torch.int64))
+    def run(self, variables: list):
+        """The outputs of the reduction on ``variables`` (of the kinds it was prepared for)."""
+        call = self.call
+        arrays = [self._scalar(v.data) if v.is_scalar else v.data for v in variables]
+        route = self.route
+        if route == "plain":
+            outs = execute(call, arrays)
+        elif route == "grad":
+            outs = self.apply(call, *arrays)
+        elif route == "arg":
+            outs = self.apply(self.run_call, *arrays)[:1]
         else:
-            specs.append((shape, np.dtype(call.dtype if o.kind == "value" else np.int64)))
-    return specs
+            outs = [self.apply(call, self.dual_slots, *arrays)]
+        red, F = self.red, call.formula.dim
+        outs = [red.shape_output(o, F, self.opts) for o in outs[: red.user_outputs]]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _scalar(self, value: float):
+        # keyed by the bits: -0.0 == 0.0 (and hashes alike) but atan2, 1/x, copysign tell them apart
+        key = float(value).hex()
+        a = self.scalars.get(key)
+        if a is None:
+            if len(self.scalars) >= 16:
+                self.scalars.clear()
+            call = self.call
+            a = self.scalars[key] = scalar_array(value, call.library, call.dtype, call.device)
+        return a
 
 
-def _contiguous(a):
-    if is_torch(a):
-        return a if a.is_contiguous() else a.detach().contiguous()
-    return np.ascontiguousarray(a)
+class PlanCache:
+    """The plans of recent calls: at most ``size``, least recently used first out."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._plans: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key):
+        plan = self._plans.get(key)
+        if plan is not None:
+            try:
+                self._plans.move_to_end(key)
+            except KeyError:  # evicted by another thread meanwhile
+                pass
+        return plan
+
+    def put(self, key, plan: Plan) -> None:
+        with self._lock:
+            self._plans[key] = plan
+            while len(self._plans) > self.size:
+                self._plans.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._plans.clear()
+
+    def __len__(self) -> int:
+        return len(self._plans)
 
 
-def scalar_array(value: float, sig: Signature):
-    if sig.library == "torch":
-        import torch
+_plans = PlanCache(PLAN_CACHE_SIZE)
 
-        return torch.full((1,), float(value), dtype=getattr(torch, sig.dtype), device=sig.device)
-    return np.full((1,), float(value), dtype=sig.dtype)
+
+def clear_plans() -> None:
+    """Forget every prepared reduction (kernels stay loaded and on disk)."""
+    _plans.clear()
 
 
 def reduce(formula: ir.Node, variables: list, reduction: str, axis: int, opts: dict,
@@ -260,47 +199,42 @@ def reduce(formula: ir.Node, variables: list, reduction: str, axis: int, opts: d
 
     Returns one array (or a tuple for two-output reductions) in the inputs' library.
     ``grad_mode`` ("auto", "symbolic", "dual"; default: the process-wide default) chooses
-    how torch gradients are computed (see :mod:`lazytensor.mixed`).
+    how torch gradients are computed (see :mod:`lazytensor.dual`).
     """
-    key = _call_key(formula, variables, reduction, axis, opts, backend)
-    hit = _prepared.get(key) if key is not None else None
-    if hit is None:
-        hit = _prepare(formula, variables, reduction, axis, opts, backend)
+    grad_mode = grad_mode or default_grad_mode()
+    key = _plan_key(formula, variables, reduction, axis, opts, backend, grad_mode)
+    plan = _plans.get(key) if key is not None else None
+    if plan is None:
+        plan = prepare(formula, variables, reduction, axis, opts, backend, grad_mode)
         if key is not None:
-            if len(_prepared) > 4096:
-                _prepared.clear()
-            _prepared[key] = hit
-    call, red, opts = hit
-    arrays = [_scalar_array(v.data, call) if v.is_scalar else v.data for v in variables]
-    if call.library == "torch" and _needs_grad(arrays):
-        from .autograd import apply_with_grad
-
-        outs = apply_with_grad(call, arrays, grad_mode)
-    else:
-        outs = execute(call, arrays)
-    outs = [_shape_output(o, red, call.formula.dim, opts) for o in outs[: _n_user_outputs(red)]]
-    return outs[0] if len(outs) == 1 else tuple(outs)
+            _plans.put(key, plan)
+    return plan.run(variables)
 
 
-# A repeated reduction (same formula, options, and variables of the same kinds, dtypes,
-# devices and shapes) skips binding and checking: they passed for this key before.
-_prepared: dict = {}
-
-
-def _call_key(formula, variables, reduction, axis, opts, backend):
+def _plan_key(formula, variables, reduction, axis, opts, backend, grad_mode):
+    """The key of a call's plan, or None when something in it cannot be hashed."""
     try:
         vk = tuple((v.cat, v.dim) if v.is_scalar else
                    (v.cat, v.dim, type(v.data), v.data.dtype, v.data.shape,
-                    getattr(v.data, "device", None)) for v in variables)
-        key = (formula, reduction, axis, tuple(opts.items()) if opts else (), backend, vk)
+                    getattr(v.data, "device", None), getattr(v.data, "requires_grad", False))
+                   for v in variables)
+        key = (formula, reduction, axis, tuple(opts.items()) if opts else (), backend, vk,
+               _grad_enabled(), grad_mode)
         hash(key)
         return key
     except (TypeError, AttributeError):
         return None
 
 
-def _prepare(formula, variables, reduction, axis, opts, backend):
-    """(call, reduction, opts): bind and check the variables, build the call."""
+def _grad_enabled() -> bool:
+    torch = sys.modules.get("torch")  # not imported for NumPy users
+    return torch is not None and torch.is_grad_enabled()
+
+
+def prepare(formula: ir.Node, variables: list, reduction: str, axis: int, opts: dict,
+            backend: str = "auto", grad_mode: str = "auto") -> Plan:
+    """Bind and check the variables, build the call and its route through autograd, and
+    work out the symbolic part of the gradients the call will need."""
     red = reductions.get(reduction)
     # K=np.int64(5) must hash (JSON) and compile like K=5.
     opts = {k: int(v) if isinstance(v, np.integer) else v for k, v in opts.items()}
@@ -315,51 +249,57 @@ def _prepare(formula, variables, reduction, axis, opts, backend):
     N, M = sig.N, sig.M
     if axis == 0:
         formula = ir.swap_ij(formula)
-        cats = [_SWAP[c] for c in cats]
+        cats = [ir.swap_cat(c) for c in cats]
         N, M = M, N
     red.check(formula.dim, opts, M)
     resolved = _resolve_backend(backend, sig.device, sig.library)
-    device = _gpu_device(backend, sig) if resolved == "cuda" else sig.device
+    device, index = sig.device, None
+    if resolved == "cuda":
+        device = _gpu_device(backend, sig)
+        index = cuda_index(device)
     call = ReductionCall(formula, tuple(cats), tuple(dims), red.name,
                          tuple(sorted(opts.items())), resolved, sig.library, sig.dtype,
-                         device, sig.batch, N, M)
-    return call, red, opts
+                         device, sig.batch, N, M, index)
+    plan = Plan(call, red, opts)
+    requires = tuple(bool(getattr(v.data, "requires_grad", False)) for v in variables)
+    if sig.library == "torch" and _grad_enabled() and any(requires):
+        _prepare_gradients(plan, requires, grad_mode)
+    return plan
 
 
-_scalars: dict = {}
+def _prepare_gradients(plan: Plan, requires: tuple, grad_mode: str) -> None:
+    """The route of a call whose inputs require a gradient, and its symbolic parts."""
+    from . import dual
+    from .autograd import KernelReduction
+
+    call, red = plan.call, plan.red
+    ks = dual.dual_slots(call, requires, check_grad_mode(grad_mode))
+    plan.apply = KernelReduction.apply
+    if ks:
+        plan.route, plan.dual_slots, plan.apply = "dual", ks, dual.FusedReduction.apply
+        dual.fused_call(call, ks)
+        rest = tuple(r and k not in ks for k, r in enumerate(requires))
+        if any(rest):
+            _prepare_vjp(call, rest)
+    elif red.arg_variant is not None:
+        plan.route = "arg"
+        plan.run_call = call.with_formula(call.formula, call.cats, call.dims, red.arg_variant,
+                                          call.opts)
+    else:
+        plan.route = "grad"
+        if red.gradient == "sum":
+            _prepare_vjp(call, requires)
 
 
-def _scalar_array(value: float, call: ReductionCall):
-    """A Python number as a 1-element array of the call's library, dtype and device."""
-    # keyed by the bits: -0.0 == 0.0 (and hashes alike) but atan2, 1/x, copysign tell them apart
-    key = (float(value).hex(), call.library, call.dtype, call.device)
-    a = _scalars.get(key)
-    if a is None:
-        if len(_scalars) > 1024:
-            _scalars.clear()
-        a = _scalars[key] = scalar_array(value, call)
-    return a
+def _prepare_vjp(call: ReductionCall, needs: tuple) -> None:
+    """The VJP formulas of the first backward, when they exist (a formula without a
+    derivative raises at backward time, as it would without this preparation)."""
+    from .autograd import vjp_plan
+
+    try:
+        vjp_plan(call, needs, False)
+    except NotImplementedError:
+        pass
 
 
-def _needs_grad(arrays) -> bool:
-    import torch
-
-    return torch.is_grad_enabled() and any(a.requires_grad for a in arrays)
-
-
-_TWO_OUTPUTS = ("min_argmin", "max_argmax", "kmin_argkmin")
-
-
-def _n_user_outputs(red) -> int:
-    """Outputs the user sees (sumsoftmaxweight's second output is for gradients only)."""
-    return 2 if red.name in _TWO_OUTPUTS else 1
-
-
-def _shape_output(out, red, F: int, opts: dict):
-    if red.name in ("kmin", "argkmin", "kmin_argkmin") and F > 1:
-        K = int(opts["K"])
-        return out.reshape(*out.shape[:-1], K, F)
-    return out
-
-
-__all__ = ["ReductionCall", "Variable", "execute", "reduce"]
+__all__ = ["Plan", "ReductionCall", "clear_plans", "prepare", "reduce"]

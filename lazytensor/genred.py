@@ -23,139 +23,7 @@ from . import engine
 from .binding import Variable, array_dtype, is_torch
 from .codegen import ops, parse
 from .errors import ArgumentTypeError
-
-# KeOps reduction name (lower case) -> (our reduction, needs K, takes formula2)
-_REDUCTIONS = {
-    "sum": ("sum", False, False),
-    "min": ("min", False, False),
-    "max": ("max", False, False),
-    "argmin": ("argmin", False, False),
-    "argmax": ("argmax", False, False),
-    "min_argmin": ("min_argmin", False, False),
-    "max_argmax": ("max_argmax", False, False),
-    "kmin": ("kmin", True, False),
-    "argkmin": ("argkmin", True, False),
-    "kmin_argkmin": ("kmin_argkmin", True, False),
-    "logsumexp": ("logsumexp", False, True),
-    "max_sumshiftexp": ("max_sumshiftexp", False, False),
-    "sumsoftmaxweight": ("sumsoftmaxweight", False, True),
-}
-_KEOPS_NAMES = ("Sum, Min, Max, ArgMin, ArgMax, Min_ArgMin, Max_ArgMax, KMin, ArgKMin, "
-                "KMin_ArgKMin, LogSumExp, Max_SumShiftExp, SumSoftMaxWeight")
-
-
-# Reductions that accumulate sums: pykeops lets dtype_acc and sum_scheme change only these.
-SUM_TYPE_REDUCTIONS = ("sum", "logsumexp", "logsumexp_weight", "sumsoftmaxweight",
-                       "max_sumshiftexp")
-
-
-def reduction_options(reduction: str, dtype_acc="auto", use_double_acc=False,
-                      sum_scheme="auto") -> dict:
-    """Engine options from pykeops's accumulation arguments, with pykeops's rules.
-
-    ``dtype_acc`` / ``use_double_acc`` (one of the two) and ``sum_scheme`` other than
-    "auto" / "direct_sum" apply to the sum-type reductions only (Sum and the log-sum-exp
-    family): a min or a K-min has nothing to accumulate, and pykeops rejects them there
-    too. The log-sum-exp family always accumulates per tile of j (a block sum), so its
-    ``sum_scheme`` is accepted and has no further effect.
-    """
-    opts = {}
-    if dtype_acc not in ("auto", "float32", "float64"):
-        raise ValueError(f"dtype_acc must be 'auto', 'float32' or 'float64', got {dtype_acc!r}")
-    if use_double_acc:
-        if dtype_acc != "auto":
-            raise ValueError(f"set either use_double_acc=True or dtype_acc={dtype_acc!r}, not both")
-        dtype_acc = "float64"
-    if sum_scheme not in ("auto", "direct_sum", "block_sum", "kahan_scheme"):
-        raise ValueError("sum_scheme must be 'auto', 'direct_sum', 'block_sum' or 'kahan_scheme', "
-                         f"got {sum_scheme!r}")
-    if reduction not in SUM_TYPE_REDUCTIONS:
-        if dtype_acc != "auto":
-            raise ValueError(f"dtype_acc={dtype_acc!r} (or use_double_acc) only applies to sum-type "
-                             f"reductions (Sum, LogSumExp, SumSoftMaxWeight), not {reduction}")
-        if sum_scheme not in ("auto", "direct_sum"):
-            raise ValueError(f"sum_scheme={sum_scheme!r} only applies to sum-type reductions "
-                             f"(Sum, LogSumExp, SumSoftMaxWeight), not {reduction}")
-        return opts
-    if dtype_acc != "auto":
-        opts["dtype_acc"] = dtype_acc
-    if sum_scheme != "auto" and reduction == "sum":
-        opts["sum_scheme"] = sum_scheme
-    return opts
-
-
-# pykeops's backend names -> ours. "GPU_1D"/"GPU_2D" (and their "_host"/"_device" forms)
-# choose a CUDA scheme in pykeops; here the CUDA backend picks its own scheme.
-_KEOPS_BACKENDS = {"CPU": "cpu", "GPU": "cuda"}
-
-
-def keops_backend(backend) -> str:
-    """Our backend name for a pykeops one ("CPU", "GPU", "GPU_1D", ...); others unchanged."""
-    if isinstance(backend, str):
-        head = backend.split("_", 1)[0]
-        if head in _KEOPS_BACKENDS and (backend in _KEOPS_BACKENDS or (
-                head == "GPU" and backend[4:] in _GPU_SCHEMES)):
-            return _KEOPS_BACKENDS[head]
-    return backend
-
-
-_GPU_SCHEMES = ("1D", "2D", "1D_host", "2D_host", "1D_device", "2D_device")
-
-
-# Genred/reduction keywords of pykeops that tune its CUDA code generation: accepted and
-# without effect where nothing reads them (the reductions read device_id and
-# use_fast_math, see gpu_options).
-IGNORED_OPTIONS = ("enable_chunks", "use_fast_math", "optional_flags", "device_id",
-                   "rec_multVar_highdim")
-
-
-def gpu_options(backend, device_id=None, use_fast_math=None) -> tuple:
-    """``(backend, opts)`` for pykeops's GPU keywords: ``device_id=k`` with a GPU backend
-    picks GPU k (``"cuda:k"``: NumPy arrays are copied there; torch tensors must be
-    there); ``use_fast_math=True`` lets CUDA kernels use approximate intrinsics (the
-    default is IEEE-accurate functions).
-
-    >>> gpu_options("GPU", device_id=1)
-    ('cuda:1', {})
-    """
-    backend = keops_backend(backend)
-    if device_id is not None and not isinstance(device_id, bool) and \
-            isinstance(device_id, numbers.Integral) and device_id >= 0 and \
-            backend in ("cuda", "gpu"):
-        backend = f"cuda:{int(device_id)}"
-    elif device_id is not None and not (isinstance(device_id, numbers.Integral)
-                                        and not isinstance(device_id, bool)):
-        raise ValueError(f"device_id must be an integer (-1: the default device), got "
-                         f"{device_id!r}")
-    return backend, ({"use_fast_math": True} if use_fast_math is True else {})
-
-
-def keops_reduction(reduction_op: str, opt_arg=None, formula2=None) -> tuple[str, dict]:
-    """``(our reduction name, options)`` for a pykeops reduction name ("Sum", "ArgKMin" with
-    ``opt_arg`` K, "LogSumExp" with weights ``formula2`` ...).
-
-    >>> keops_reduction("ArgKMin", 3)
-    ('argkmin', {'K': 3})
-    """
-    if not isinstance(reduction_op, str):
-        raise TypeError(f"reduction_op must be a string, got {type(reduction_op).__name__}")
-    key = reduction_op.lower()
-    key = key.removesuffix("_reduction")
-    if key not in _REDUCTIONS:
-        raise ValueError(f"unknown reduction {reduction_op!r}; expected one of {_KEOPS_NAMES}")
-    name, needs_k, takes_formula2 = _REDUCTIONS[key]
-    opts = {}
-    if needs_k:
-        if isinstance(opt_arg, bool) or not isinstance(opt_arg, numbers.Integral) or opt_arg < 1:
-            raise ValueError(f"{reduction_op} needs opt_arg=K, a positive integer; got {opt_arg!r}")
-        opts["K"] = int(opt_arg)
-    if formula2 is not None and not takes_formula2:
-        raise ValueError(f"formula2 is only used by LogSumExp and SumSoftMaxWeight, not {reduction_op}")
-    if name == "sumsoftmaxweight" and formula2 is None:
-        raise ValueError("SumSoftMaxWeight needs formula2 (the weights)")
-    if name == "logsumexp" and formula2 is not None:
-        name = "logsumexp_weight"
-    return name, opts
+from .options import check_axis, gpu_options, keops_reduction, reduction_options
 
 
 class Genred:
@@ -181,8 +49,7 @@ class Genred:
     def __init__(self, formula, aliases, reduction_op="Sum", axis=0, dtype=None, opt_arg=None,
                  formula2=None, dtype_acc="auto", use_double_acc=False, sum_scheme="auto",
                  enable_chunks=True, rec_multVar_highdim=None, use_fast_math=None, cuda_type=None):
-        if isinstance(axis, bool) or axis not in (0, 1):
-            raise ValueError(f"axis must be 0 (reduction over i) or 1 (over j), got {axis!r}")
+        check_axis(axis)
         self.reduction, self.opts = keops_reduction(reduction_op, opt_arg, formula2)
         self.opts.update(gpu_options("auto", None, use_fast_math)[1])
         scope = parse.Scope(aliases)

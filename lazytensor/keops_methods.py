@@ -17,19 +17,7 @@ attributes and no-op steps of pykeops that client code calls (``_shape``,
 
 from __future__ import annotations
 
-from .codegen import compositions, diff, ir, ops, parse
-
-# pykeops reduction -> (LazyTensor method, takes K, takes a weight)
-_REDUCTION_METHODS = {
-    "sum": ("sum_reduction", False, False), "min": ("min_reduction", False, False),
-    "max": ("max_reduction", False, False), "argmin": ("argmin_reduction", False, False),
-    "argmax": ("argmax_reduction", False, False), "min_argmin": ("min_argmin", False, False),
-    "max_argmax": ("max_argmax", False, False), "kmin": ("Kmin", True, False),
-    "argkmin": ("argKmin", True, False), "kmin_argkmin": ("Kmin_argKmin", True, False),
-    "logsumexp": ("logsumexp", False, False), "logsumexp_weight": ("logsumexp", False, True),
-    "max_sumshiftexp": ("max_sumshiftexp", False, False),
-    "sumsoftmaxweight": ("sumsoftmaxweight", False, True),
-}
+from .codegen import compositions, diff, ir, ops, parse, reductions
 
 
 def _basis(dim: int, k: int) -> ir.Node:
@@ -73,25 +61,25 @@ class KeOpsMethods:
     # ------------------------------------------------------------------ reductions
 
     def reduction(self, reduction_op, other=None, opt_arg=None, axis=None, dim=None, call=True,
-                  is_complex=None, **kwargs):
+                  is_complex=None, backend="auto", **kwargs):
         """Any reduction by its pykeops name: ``K.reduction("LogSumExp", other=w, dim=1)``,
-        ``K.reduction("ArgKMin", opt_arg=5, dim=1)``; keywords as the named methods.
+        ``K.reduction("ArgKMin", opt_arg=5, dim=1)``; keywords as the named methods. The
+        name, K and the weight are read from the reduction registry.
 
         >>> import numpy as np; from lazytensor import Vi, Vj
         >>> x = np.random.rand(4, 2)
         >>> Vi(x).sqdist(Vj(x)).reduction("ArgKMin", opt_arg=2, dim=1)[:, 0].tolist()
         [0, 1, 2, 3]
         """
-        from .genred import keops_reduction
+        from .options import keops_reduction, split_reduction_keywords
 
         if is_complex:
             raise NotImplementedError("reduction: complex LazyTensors are not supported")
         name, opts = keops_reduction(reduction_op, opt_arg, other)
-        method, takes_k, takes_weight = _REDUCTION_METHODS[name]
-        args = (opts["K"],) if takes_k else ()
-        if takes_weight:
-            kwargs["weight"] = other
-        return getattr(self, method)(*args, dim=dim, axis=axis, call=call, **kwargs)
+        target = self._with_weight(other, reduction_op) if reductions.get(name).weighted else self
+        index = self._index_dim(dim, axis, "reduction")
+        backend, opts, kwargs = split_reduction_keywords(name, backend, kwargs, opts)
+        return target._reduce(name, index, None, backend, opts, call=call, **kwargs)
 
     # ------------------------------------------------------------------ KeOps operation names
 

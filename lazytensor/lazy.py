@@ -11,17 +11,27 @@
 
 from __future__ import annotations
 
+import importlib
 import numbers
 
 import numpy as np
 
-from . import engine, interop, materialize
-from .binding import Variable, array_dtype, is_torch
+from . import engine, materialize
+from . import solve as linear_solve
+from .binding import Variable, array_dtype, bind, is_torch
+from .cluster import swap_axes
 from .codegen import compositions, ir, ops
 from .distributed import context as distributed_context
 from .errors import ArgumentTypeError
-from .genred import IGNORED_OPTIONS, gpu_options, reduction_options
 from .keops_methods import KeOpsMethods
+from .options import split_reduction_keywords
+
+
+def _interop():
+    """:mod:`lazytensor.interop`, loaded by name on first use: it sits above this module (its
+    rules build LazyTensors and subclass it), so this module names it instead of importing
+    it, and the import graph keeps one direction."""
+    return importlib.import_module(f"{__package__}.interop")
 
 
 def _canonical(x, axis):
@@ -141,21 +151,21 @@ class LazyTensor(KeOpsMethods):
 
     @property
     def batchdims(self) -> tuple:
-        return engine.bind(self.variables).batch if self.variables else ()
+        return bind(self.variables).batch if self.variables else ()
 
     @property
     def ni(self):
-        return engine.bind(self.variables).N
+        return bind(self.variables).N
 
     @property
     def nj(self):
-        return engine.bind(self.variables).M
+        return bind(self.variables).M
 
     @property
     def shape(self) -> tuple:
         """``(*batch, N, M, D)``; ``(*batch, N, M)`` for a scalar formula, as pykeops (and as
         ``scipy.sparse.linalg.aslinearoperator`` needs)."""
-        sig = engine.bind(self.variables)
+        sig = bind(self.variables)
         D = self.formula.dim
         return (*sig.batch, sig.N, sig.M) if D == 1 else (*sig.batch, sig.N, sig.M, D)
 
@@ -174,14 +184,14 @@ class LazyTensor(KeOpsMethods):
     # No implicit dense copy: np.asarray(K), and torch.as_tensor(K) through len(K), refuse.
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        return interop.array_ufunc(ufunc, method, inputs, kwargs)
+        return _interop().array_ufunc(ufunc, method, inputs, kwargs)
 
     def __array_function__(self, func, types, args, kwargs):
-        return interop.array_function(func, types, args, kwargs)
+        return _interop().array_function(func, types, args, kwargs)
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        return interop.torch_function(func, types, args, kwargs)
+        return _interop().torch_function(func, types, args, kwargs)
 
     def __array__(self, dtype=None, copy=None):
         materialize.refuse_implicit(self, "np.asarray(K) / np.array(K)")
@@ -419,11 +429,10 @@ class LazyTensor(KeOpsMethods):
 
     def t(self):
         """Exchange the roles of i and j (the transposed kernel)."""
-        variables = [Variable(v.data, {"i": "j", "j": "i", "p": "p"}[v.cat], v.dim, v.label)
-                     for v in self.variables]
+        variables = [Variable(v.data, ir.swap_cat(v.cat), v.dim, v.label) for v in self.variables]
         out = LazyTensor._new(ir.swap_ij(self.formula), variables)
         if self.ranges is not None:  # the i and j halves of the ranges trade places too
-            out.ranges = (*self.ranges[3:6], *self.ranges[0:3])
+            out.ranges = swap_axes(self.ranges)
         return out
 
     @property
@@ -658,7 +667,7 @@ class LazyTensor(KeOpsMethods):
                 dim is None and axis is None and backend == "auto" and call is True and out is None
                 and grad_mode is None and ranges is None and not opts):
             return self._op("sum")  # no dim and no option: pykeops's default, dim=-1
-        backend, acc, opts = _reduction_options("sum", backend, opts)
+        backend, acc, opts = split_reduction_keywords("sum", backend, opts)
         return self._reduce("sum", dim, axis, backend, acc, call, out, grad_mode, ranges, **opts)
 
     def min(self, dim=None, axis=None, backend="auto", **kw):
@@ -672,13 +681,13 @@ class LazyTensor(KeOpsMethods):
         """
         if self._vector_dim(dim if axis is None else axis) or _no_dim(dim, axis, backend, kw):
             return self._op("vmin")
-        backend, opts, kw = _reduction_options("min", backend, kw)
+        backend, opts, kw = split_reduction_keywords("min", backend, kw)
         return self._reduce("min", dim, axis, backend, opts, **kw)
 
     def max(self, dim=None, axis=None, backend="auto", **kw):
         if self._vector_dim(dim if axis is None else axis) or _no_dim(dim, axis, backend, kw):
             return self._op("vmax")
-        backend, opts, kw = _reduction_options("max", backend, kw)
+        backend, opts, kw = split_reduction_keywords("max", backend, kw)
         return self._reduce("max", dim, axis, backend, opts, **kw)
 
     def argmin(self, dim=None, axis=None, backend="auto", **kw):
@@ -686,28 +695,28 @@ class LazyTensor(KeOpsMethods):
         NaN's index if there is a NaN (as ``np.argmin``), -1 for an empty reduction."""
         if self._vector_dim(dim if axis is None else axis) or _no_dim(dim, axis, backend, kw):
             return self._op("vargmin")
-        backend, opts, kw = _reduction_options("argmin", backend, kw)
+        backend, opts, kw = split_reduction_keywords("argmin", backend, kw)
         return self._reduce("argmin", dim, axis, backend, opts, **kw)
 
     def argmax(self, dim=None, axis=None, backend="auto", **kw):
         if self._vector_dim(dim if axis is None else axis) or _no_dim(dim, axis, backend, kw):
             return self._op("vargmax")
-        backend, opts, kw = _reduction_options("argmax", backend, kw)
+        backend, opts, kw = split_reduction_keywords("argmax", backend, kw)
         return self._reduce("argmax", dim, axis, backend, opts, **kw)
 
     def min_argmin(self, dim=None, axis=None, backend="auto", **kw):
-        backend, opts, kw = _reduction_options("min_argmin", backend, kw)
+        backend, opts, kw = split_reduction_keywords("min_argmin", backend, kw)
         return self._reduce("min_argmin", dim, axis, backend, opts, **kw)
 
     def max_argmax(self, dim=None, axis=None, backend="auto", **kw):
-        backend, opts, kw = _reduction_options("max_argmax", backend, kw)
+        backend, opts, kw = split_reduction_keywords("max_argmax", backend, kw)
         return self._reduce("max_argmax", dim, axis, backend, opts, **kw)
 
     def Kmin(self, K, dim=None, axis=None, backend="auto", **kw):
         """The K smallest values over i or j, sorted, per component (shape (N, K) or
         (N, K, D)); NaN sorts last (as ``np.sort``), ties keep index order; K must be a
         positive integer at most the number of reduced points."""
-        backend, opts, kw = _reduction_options("kmin", backend, kw, {"K": K})
+        backend, opts, kw = split_reduction_keywords("kmin", backend, kw, {"K": K})
         return self._reduce("kmin", dim, axis, backend, opts, **kw)
 
     def argKmin(self, K, dim=None, axis=None, backend="auto", **kw):
@@ -717,11 +726,11 @@ class LazyTensor(KeOpsMethods):
         >>> Vi(x).sqdist(Vj(y)).argKmin(3, dim=1).shape
         (5, 3)
         """
-        backend, opts, kw = _reduction_options("argkmin", backend, kw, {"K": K})
+        backend, opts, kw = split_reduction_keywords("argkmin", backend, kw, {"K": K})
         return self._reduce("argkmin", dim, axis, backend, opts, **kw)
 
     def Kmin_argKmin(self, K, dim=None, axis=None, backend="auto", **kw):
-        backend, opts, kw = _reduction_options("kmin_argkmin", backend, kw, {"K": K})
+        backend, opts, kw = split_reduction_keywords("kmin_argkmin", backend, kw, {"K": K})
         return self._reduce("kmin_argkmin", dim, axis, backend, opts, **kw)
 
     def logsumexp(self, dim=None, axis=None, weight=None, backend="auto", other=None, **kw):
@@ -739,9 +748,9 @@ class LazyTensor(KeOpsMethods):
                 raise ValueError("logsumexp: give the weight once, as weight= or as other=")
             weight = other
         if weight is None:
-            backend, opts, kw = _reduction_options("logsumexp", backend, kw)
+            backend, opts, kw = split_reduction_keywords("logsumexp", backend, kw)
             return self._reduce("logsumexp", dim, axis, backend, opts, **kw)
-        backend, opts, kw = _reduction_options("logsumexp_weight", backend, kw)
+        backend, opts, kw = split_reduction_keywords("logsumexp_weight", backend, kw)
         return self._with_weight(weight, "logsumexp")._reduce("logsumexp_weight", dim, axis,
                                                               backend, opts, **kw)
 
@@ -753,7 +762,7 @@ class LazyTensor(KeOpsMethods):
         >>> (Vi(q) | Vj(k)).sumsoftmaxweight(Vj(v), dim=1).shape
         (5, 3)
         """
-        backend, opts, kw = _reduction_options("sumsoftmaxweight", backend, kw)
+        backend, opts, kw = split_reduction_keywords("sumsoftmaxweight", backend, kw)
         return self._with_weight(weight, "sumsoftmaxweight")._reduce("sumsoftmaxweight", dim, axis,
                                                                      backend, opts, **kw)
 
@@ -765,7 +774,7 @@ class LazyTensor(KeOpsMethods):
         return self.concat(weight)
 
     def max_sumshiftexp(self, dim=None, axis=None, backend="auto", **kw):
-        backend, opts, kw = _reduction_options("max_sumshiftexp", backend, kw)
+        backend, opts, kw = split_reduction_keywords("max_sumshiftexp", backend, kw)
         return self._reduce("max_sumshiftexp", dim, axis, backend, opts, **kw)
 
     # pykeops aliases; the first five always reduce (no vector-dimension default)
@@ -833,9 +842,7 @@ class LazyTensor(KeOpsMethods):
 
         See :func:`lazytensor.solve.solve` (``maxiter``, ``var``, ``backend``); differentiable.
         """
-        from .solve import solve
-
-        return solve(self, b, alpha=alpha, eps=eps, **kwargs)
+        return linear_solve.solve(self, b, alpha=alpha, eps=eps, **kwargs)
 
     # scipy.sparse.linalg.aslinearoperator(K) reads shape, dtype, matvec, rmatvec, rmatmat.
     def matvec(self, v):
@@ -866,26 +873,6 @@ def _cast_like(v, dtype):
     if is_torch(v) or dtype is None or not isinstance(dtype, np.dtype):
         return v
     return np.ascontiguousarray(v, dtype=dtype)
-
-
-def _reduction_options(reduction, backend, kw, opts=None):
-    """``(backend, opts, other keywords)`` from the keywords pykeops's reductions take.
-
-    pykeops's backend names ("CPU", "GPU", "GPU_1D", ...) map to ours; the accuracy options
-    (``dtype_acc``, ``use_double_acc``, ``sum_scheme``) follow pykeops's rules
-    (:func:`lazytensor.genred.reduction_options`: sum-type reductions only); options that
-    tune pykeops's CUDA code (``enable_chunks``, ...) are accepted without effect;
-    ``device_id`` picks the GPU and ``use_fast_math=True`` allows approximate intrinsics in
-    CUDA kernels (:func:`lazytensor.genred.gpu_options`). The rest (``call``, ``out``, ``ranges`` ...) go on to
-    :meth:`LazyTensor._reduce`, which rejects unknown ones by name.
-    """
-    kw = dict(kw)
-    acc = {k: kw.pop(k) for k in ("dtype_acc", "use_double_acc", "sum_scheme") if k in kw}
-    backend, gpu = gpu_options(backend, kw.pop("device_id", None), kw.pop("use_fast_math", None))
-    for k in IGNORED_OPTIONS:
-        kw.pop(k, None)
-    opts = {**(opts or {}), **reduction_options(reduction, **acc), **gpu}
-    return backend, opts, kw
 
 
 def _no_dim(dim, axis, backend, kw) -> bool:

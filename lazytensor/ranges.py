@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .binding import Variable, is_torch
+from . import engine
+from .binding import Variable, bind, is_torch
 from .codegen import reductions
 
 _OUT_CAT = {1: "i", 0: "j"}  # the category of the output's rows, per reduction axis
@@ -111,9 +112,6 @@ def _merged(intervals) -> list:
 def reduce(formula, variables: list, reduction: str, axis: int, opts: dict, backend: str,
            grad_mode, ranges):
     """:func:`lazytensor.engine.reduce` restricted to the blocks ``ranges`` describes."""
-    from . import engine
-    from .binding import bind
-
     sig = bind(variables)
     if sig.batch:
         raise NotImplementedError(f"ranges with batch dimensions {sig.batch} are not supported: "
@@ -122,7 +120,7 @@ def reduce(formula, variables: list, reduction: str, axis: int, opts: dict, back
     out_cat = _OUT_CAT[axis]
     red = reductions.get(reduction)
     F = formula.dim
-    kinds = [o.kind for o in red.outputs(F, opts)][: 2 if reduction in engine._TWO_OUTPUTS else 1]
+    outputs = red.outputs(F, opts)[: red.user_outputs]
     torch_lib = sig.library == "torch"
     if torch_lib:
         import torch
@@ -130,7 +128,7 @@ def reduce(formula, variables: list, reduction: str, axis: int, opts: dict, back
         lib_cat = torch.cat
     else:
         lib_cat = np.concatenate
-    pieces = [[] for _ in kinds]
+    pieces = [[] for _ in outputs]
     for a, b, intervals in blocks(ranges, axis, n_out, n_red):
         intervals = _merged(intervals)
         if len(intervals) == 1:
@@ -151,23 +149,23 @@ def reduce(formula, variables: list, reduction: str, axis: int, opts: dict, back
             else:
                 sub.append(Variable(v.data[take], v.cat, v.dim, v.label))
         o = dict(opts)
-        K = int(o["K"]) if "K" in o else None
+        K = int(o["K"]) if red.needs_k else None
         if K is not None and n < K:  # fewer points than K in this block: pad
             if n == 0:
-                res = _empty_kmin(kinds, b - a, K, F, sig)
+                res = _empty_kmin(outputs, b - a, K, F, sig)
             else:
                 o["K"] = n
                 res = engine.reduce(formula, sub, reduction, axis, o, backend, grad_mode)
-                res = _pad_kmin(res if isinstance(res, tuple) else (res,), kinds, K, F, torch_lib)
+                res = _pad_kmin(res if isinstance(res, tuple) else (res,), outputs, K, torch_lib)
         else:
             res = engine.reduce(formula, sub, reduction, axis, o, backend, grad_mode)
         res = res if isinstance(res, tuple) else (res,)
-        for q, (kind, r) in enumerate(zip(kinds, res)):
-            if kind == "index" and n:
+        for q, (output, r) in enumerate(zip(outputs, res)):
+            if output.kind == "index" and n:
                 r = _global_index(r, take, index, torch_lib)
             pieces[q].append(r)
     outs = []
-    for q in range(len(kinds)):
+    for q in range(len(outputs)):
         if pieces[q]:
             outs.append(lib_cat(pieces[q], 0))
         else:  # no rows at all: the plain reduction gives the empty result
@@ -186,28 +184,28 @@ def _global_index(r, take, index, torch_lib):
     return np.where(r < 0, -1, index[np.maximum(r, 0)])
 
 
-def _empty_kmin(kinds, rows, K, F, sig):
+def _empty_kmin(outputs, rows, K, F, sig):
+    """The K-min outputs of rows that reduce over no point: empty slots."""
     shape = (rows, K) if F == 1 else (rows, K, F)
     out = []
-    for kind in kinds:
+    for o in outputs:
         if sig.library == "torch":
             import torch
 
-            out.append(torch.full(shape, float("inf"), dtype=getattr(torch, sig.dtype),
-                                  device=sig.device) if kind == "value" else
-                       torch.full(shape, -1, dtype=torch.int64, device=sig.device))
+            dtype = getattr(torch, sig.dtype) if o.kind == "value" else torch.int64
+            out.append(torch.full(shape, o.empty, dtype=dtype, device=sig.device))
         else:
-            out.append(np.full(shape, np.inf, dtype=sig.dtype) if kind == "value" else
-                       np.full(shape, -1, dtype=np.int64))
+            out.append(np.full(shape, o.empty, dtype=sig.dtype if o.kind == "value" else np.int64))
     return tuple(out)
 
 
-def _pad_kmin(res, kinds, K, F, torch_lib):
+def _pad_kmin(res, outputs, K, torch_lib):
+    """K-min outputs of a block that reduced over n < K points, padded with empty slots."""
     out = []
-    for kind, r in zip(kinds, res):
+    for o, r in zip(outputs, res):
         n = r.shape[1]
         shape = (r.shape[0], K - n) + tuple(r.shape[2:])
-        fill = float("inf") if kind == "value" else -1
+        fill = o.empty
         if torch_lib:
             import torch
 

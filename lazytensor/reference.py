@@ -23,9 +23,11 @@ from .codegen import ir, reductions
 from .codegen.evaluate import evaluate
 
 
-def _chunk_rows(M: int, width: int) -> int:
+def _chunks(M: int, width: int) -> tuple[int, int]:
+    """(rows, columns) of a chunk: about ``LAZYTENSOR_REF_CHUNK`` pair-components."""
     budget = int(os.environ.get("LAZYTENSOR_REF_CHUNK", 1 << 22))
-    return max(1, budget // max(1, M * width))
+    cols = max(1, min(M, budget // max(1, width)))
+    return max(1, budget // (cols * max(1, width))), cols
 
 
 def reduce(formula: ir.Node, data: list, cats: list, batch: tuple, N: int, M: int,
@@ -33,7 +35,8 @@ def reduce(formula: ir.Node, data: list, cats: list, batch: tuple, N: int, M: in
     """Outputs of ``reduction`` over j of ``formula``, shapes ``(*batch, N, dim)``, float64/int64.
 
     ``data[k]`` is variable k in canonical form (``(*b, N, D)``, ``(*b, M, D)`` or ``(*b, D)``,
-    or a Python scalar), ``cats[k]`` its category.
+    or a Python scalar), ``cats[k]`` its category. Chunks of j that do not fit the budget
+    together are reduced one after the other and merged (:meth:`Reduction.merge`).
     """
     red = reductions.get(reduction)
     width = max(n.dim for n in ir.topo_order(formula))
@@ -48,25 +51,30 @@ def reduce(formula: ir.Node, data: list, cats: list, batch: tuple, N: int, M: in
         arrays.append(a)
     outs = [np.empty((*batch, N, o.dim), dtype=np.float64 if o.kind == "value" else np.int64)
             for o in red.outputs(formula.dim, opts)]
-    step = _chunk_rows(M, width)
+    step, cols = _chunks(M, width)
     used = {v.index for v in ir.variables(formula)}
     with np.errstate(all="ignore"):
         for b in np.ndindex(*batch) if batch else [()]:
             for i0 in range(0, N, step):
                 i1 = min(N, i0 + step)
-                env = {}
-                for k, (a, cat) in enumerate(zip(arrays, cats)):
-                    if k not in used:
-                        continue
-                    ab = a[tuple(min(bi, s - 1) for bi, s in zip(b, a.shape[:nbd]))]
-                    if cat == "i":
-                        env[k] = ab[i0:i1, None, :]
-                    elif cat == "j":
-                        env[k] = ab[None, :, :]
-                    else:
-                        env[k] = ab[None, None, :]
-                values = evaluate(formula, env) if env else np.zeros((1, 1, formula.dim))
-                values = np.broadcast_to(values, (i1 - i0, M, formula.dim))
-                for out, res in zip(outs, red.ref(values, opts)):
+                state = None
+                for j0 in range(0, M, cols) if M else [0]:
+                    j1 = min(M, j0 + cols)
+                    env = {}
+                    for k, (a, cat) in enumerate(zip(arrays, cats)):
+                        if k not in used:
+                            continue
+                        ab = a[tuple(min(bi, s - 1) for bi, s in zip(b, a.shape[:nbd]))]
+                        if cat == "i":
+                            env[k] = ab[i0:i1, None, :]
+                        elif cat == "j":
+                            env[k] = ab[None, j0:j1, :]
+                        else:
+                            env[k] = ab[None, None, :]
+                    values = evaluate(formula, env) if env else np.zeros((1, 1, formula.dim))
+                    values = np.broadcast_to(values, (i1 - i0, j1 - j0, formula.dim))
+                    part = red.partial(values, opts, j0)
+                    state = part if state is None else red.merge(state, part, opts)
+                for out, res in zip(outs, red.finalize(state, opts)):
                     out[b + (slice(i0, i1),)] = res
     return outs

@@ -1,9 +1,9 @@
-"""Where codegen and cache meet: kernel keys, builds, loads and launches.
+"""The CPU runtime: kernels built with the system C++ compiler, loaded with ctypes, launched.
 
 ``get_cpu_kernel(spec)`` returns a loaded kernel: from the in-process table, else from
-the disk cache (verified), else rendered, compiled and stored. A repeated call with an
-already-built kernel runs neither sympy nor codegen: the table is keyed by the
-formula's structural key and the call's static options.
+the disk cache (verified), else rendered, compiled and stored (:mod:`lazytensor.kernels`
+holds that sequence for every backend). :class:`CpuLaunch` binds a kernel to one layout of
+its arguments, so that a repeated call only fills one array of words.
 
 ``LAZYTENSOR_DEBUG=1`` prints the cache key and the generated source when a kernel is built.
 """
@@ -11,64 +11,12 @@ formula's structural key and the call's static options.
 from __future__ import annotations
 
 import ctypes
-import functools
-import hashlib
-import json
 import os
 import sys
-import threading
-import time
-from dataclasses import dataclass
-from pathlib import Path
 
-from .codegen import ir, reductions
-from .codegen.cpu_plan import dot_tiling_enabled
-from .progress import compile_notice
-
-CACHE_FORMAT = "lazytensor-kernel-4"
-
-
-@dataclass(frozen=True)
-class KernelSpec:
-    """Everything static about a kernel: formula, variables, reduction, options, dtype."""
-
-    formula: ir.Node
-    var_specs: tuple  # of VarSpec
-    reduction: str
-    opts: tuple  # sorted (name, value) pairs
-    dtype: str
-
-    @property
-    def opts_dict(self) -> dict:
-        return dict(self.opts)
-
-    def key(self, backend: str, identity: dict) -> str:
-        text = json.dumps({
-            "format": CACHE_FORMAT,
-            "formula": self.formula.key,
-            "vars": [(v.index, v.dim, v.cat) for v in self.var_specs],
-            "reduction": self.reduction,
-            "opts": [list(o) for o in self.opts],
-            "dtype": self.dtype,
-            "backend": backend,
-            "dot_tiling": dot_tiling_enabled(),
-            "toolchain": identity,
-            "codegen": codegen_fingerprint(),
-        }, sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()
-
-
-@functools.cache
-def codegen_fingerprint() -> str:
-    """sha256 over the code generator's sources: a changed renderer never reuses old binaries."""
-    from . import codegen
-
-    h = hashlib.sha256()
-    root = Path(codegen.__file__).parent
-    for path in sorted(root.rglob("*.py")):
-        h.update(path.relative_to(root).as_posix().encode())
-        h.update(path.read_bytes())
-    return h.hexdigest()[:16]
+from .codegen import reductions
+from .codegen.cpu import dot_tiling_enabled
+from .kernels import Backend, KernelSpec, kernel_binary, load_once
 
 
 class CpuKernel:
@@ -85,27 +33,12 @@ class CpuKernel:
         self.path = str(binary.path)
 
 
-_table: dict = {}
-_table_lock = threading.Lock()
-_build_locks: dict = {}
+_table: dict = {}  # KernelSpec -> CpuKernel: the kernels this process has loaded
 
 
-def _debug() -> bool:
-    return os.environ.get("LAZYTENSOR_DEBUG", "") not in ("", "0")
-
-
-def get_cpu_kernel(spec: KernelSpec) -> CpuKernel:
-    kernel = _table.get(spec)
-    if kernel is not None:
-        return kernel
-    with _table_lock:
-        lock = _build_locks.setdefault(spec, threading.Lock())
-    with lock:
-        kernel = _table.get(spec)
-        if kernel is None:
-            kernel = _load_or_build_cpu(spec)
-            _table[spec] = kernel
-    return kernel
+def get_cpu_kernel(spec: KernelSpec) -> "CpuKernel":
+    """The loaded kernel of ``spec`` (built and cached on first use)."""
+    return load_once(_table, spec, lambda: _load_or_build_cpu(spec))
 
 
 # The CPU kernel keeps a tile of formula values (F x TJ, TJ >= 8), one pair's value and
@@ -137,38 +70,25 @@ def check_stack(spec: KernelSpec) -> None:
         )
 
 
-def _load_or_build_cpu(spec: KernelSpec) -> CpuKernel:
-    from .cache import default_cache
-    from .codegen.compilers import build_lock_timeout, cpu_compiler
-
-    check_stack(spec)
+def cpu_backend() -> Backend:
+    """The CPU backend: the system C++ compiler, ``lt_run`` in ``kernel.so``."""
+    from .codegen.compilers import cpu_compiler
+    from .codegen.cpu.kernel import render_cpu_kernel
 
     compiler = cpu_compiler()
     if not compiler.available:
         raise compiler.not_found()
-    key = spec.key("cpu", compiler.identity())
-    cache = default_cache()
-    binary = cache.read(key)
-    if binary is None:
-        def build(tmpdir):
-            from .codegen.render_c import render_cpu_kernel
+    return Backend(
+        "cpu", "kernel.so", compiler.identity(),
+        render=lambda spec: render_cpu_kernel(spec.formula, list(spec.var_specs),
+                                              spec.reduction, spec.opts_dict, spec.dtype),
+        compile=lambda source, workdir, what: compiler.compile(source, workdir, "kernel", what),
+        key_extra={"dot_tiling": dot_tiling_enabled()})
 
-            started = time.perf_counter()
-            source = render_cpu_kernel(spec.formula, list(spec.var_specs), spec.reduction,
-                                       spec.opts_dict, spec.dtype)
-            if _debug():
-                print(f"[lazytensor] building kernel {key}\n{source}", file=sys.stderr)
-            compiler.compile(source, tmpdir, "kernel",
-                             what=f"{spec.reduction} of {ir.to_text(spec.formula)[:300]}")
-            compile_notice(f"{spec.dtype} {spec.reduction} of {ir.to_text(spec.formula)}",
-                           time.perf_counter() - started)
-            return {"reduction": spec.reduction, "dtype": spec.dtype,
-                    "formula": ir.to_text(spec.formula)[:500]}
 
-        binary = cache.read_or_build(key, build, lock_timeout=build_lock_timeout())
-    elif _debug():
-        print(f"[lazytensor] loaded kernel {key} from {binary.path}", file=sys.stderr)
-    return CpuKernel(binary, spec)
+def _load_or_build_cpu(spec: KernelSpec) -> CpuKernel:
+    check_stack(spec)
+    return CpuKernel(kernel_binary(cpu_backend(), spec), spec)
 
 
 # libgomp's thread pool does not survive fork(): a child that enters a parallel region
@@ -265,28 +185,3 @@ class CpuLaunch:
         status = self.fn(ctypes.addressof(args))
         if status != 0:
             raise MemoryError("a CPU kernel could not allocate its work buffers")
-
-
-_launches: dict = {}
-
-
-def cpu_launch(kernel: CpuKernel, shapes: tuple, cats: tuple, batch: tuple, N: int,
-               M: int) -> CpuLaunch:
-    """The (cached) :class:`CpuLaunch` of ``kernel`` for arrays of these shapes."""
-    key = (kernel, shapes, cats, batch, N, M)
-    launch = _launches.get(key)
-    if launch is None:
-        if len(_launches) > 4096:
-            _launches.clear()
-        launch = _launches[key] = CpuLaunch(kernel, list(shapes), list(cats), batch, N, M)
-    return launch
-
-
-def launch_cpu(kernel: CpuKernel, arrays: list, cats: list, batch: tuple, N: int, M: int,
-               outs: list, ptr) -> None:
-    """Run ``kernel`` on contiguous arrays (canonical layout) into preallocated outputs.
-
-    ``ptr(a)`` gives an array's data address (NumPy or torch).
-    """
-    shapes = tuple(tuple(a.shape) for a in arrays)
-    cpu_launch(kernel, shapes, tuple(cats), tuple(batch), N, M)(arrays, outs, ptr)

@@ -26,7 +26,8 @@ import numpy as np
 from . import engine
 from .binding import Variable, bind, is_torch
 from .codegen import ir, ops, parse
-from .genred import IGNORED_OPTIONS, bind_arguments, keops_backend, reduction_options
+from .genred import bind_arguments
+from .options import IGNORED_OPTIONS, check_axis, keops_backend, reduction_options
 from .progress import IterationProgress
 
 
@@ -197,11 +198,14 @@ def _make_function():
 # ---------------------------------------------------------------------- public API
 
 
+def _is_lazy(x) -> bool:
+    """A LazyTensor (this module sits below :mod:`lazytensor.lazy`, which calls it)."""
+    return isinstance(getattr(x, "formula", None), ir.Node) and hasattr(x, "variables")
+
+
 def _rhs(b):
     """b as canonical (*batch, rows, E), and a function giving x the shape of b."""
-    from .lazy import LazyTensor
-
-    if isinstance(b, LazyTensor):
+    if _is_lazy(b):
         if len(b.variables) != 1 or b.formula.op != "var" or b.variables[0].cat != "i":
             raise ValueError("solve: b must be an array or an i-indexed LazyTensor leaf (Vi(b))")
         b = b.variables[0].data
@@ -246,9 +250,7 @@ def solve(K, b, alpha=0.0, eps=1e-6, maxiter=None, var=None, backend="auto", cal
     >>> solve(K, np.ones(50), alpha=1.0).shape
     (50,)
     """
-    from .lazy import LazyTensor
-
-    if not isinstance(K, LazyTensor):
+    if not _is_lazy(K):
         raise TypeError(f"solve: K must be a LazyTensor, got {type(K).__name__}")
     alpha = _check_alpha(alpha)
     if call is not True:
@@ -277,9 +279,7 @@ def solve(K, b, alpha=0.0, eps=1e-6, maxiter=None, var=None, backend="auto", cal
 
 
 def _find_leaf(K, var) -> int:
-    from .lazy import LazyTensor
-
-    if not isinstance(var, LazyTensor) or len(var.variables) != 1 or var.formula.op != "var":
+    if not _is_lazy(var) or len(var.variables) != 1 or var.formula.op != "var":
         raise ValueError("solve: var must be a LazyTensor leaf (Vj(v))")
     leaf = var.variables[0]
     for k, v in enumerate(K.variables):
@@ -320,8 +320,7 @@ class KernelSolve:
     def __init__(self, formula, aliases, varinvalias, axis=0, dtype=None, opt_arg=None,
                  dtype_acc="auto", use_double_acc=False, sum_scheme="auto", enable_chunks=True,
                  rec_multVar_highdim=None, use_fast_math=True, cuda_type=None):
-        if isinstance(axis, bool) or axis not in (0, 1):
-            raise ValueError(f"axis must be 0 (reduction over i) or 1 (over j), got {axis!r}")
+        check_axis(axis)
         scope = parse.Scope(aliases)
         self.formula = scope.parse(formula)
         self.variables = scope.variables()

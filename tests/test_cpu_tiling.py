@@ -1,4 +1,4 @@
-"""The CPU kernel's tiled dot products (codegen/cpu_plan.py, codegen/render_cpu.py).
+"""The CPU kernel's tiled dot products (codegen/cpu/plan.py, codegen/cpu/gemm.py).
 
 For D >= 16, ``⟨x_i, y_j⟩`` and ``|x_i - y_j|²`` come from a packed, register-tiled
 matrix product (``|x|² + |y|² - 2⟨x, y⟩``, near-duplicates recomputed directly). These

@@ -18,7 +18,7 @@ _SKIP = {"lazytensor.__main__"}
 def _modules():
     for pkg in (lazytensor, codegen, cache, distributed):
         yield pkg.__name__
-        for info in pkgutil.iter_modules(pkg.__path__, pkg.__name__ + "."):
+        for info in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
             if info.name not in _SKIP:
                 yield info.name
 

@@ -1,4 +1,4 @@
-"""Sums of wide terms on the CPU as weighted sums of j-vectors (codegen.render_wide),
+"""Sums of wide terms on the CPU as weighted sums of j-vectors (codegen.cpu.wide),
 against float64 dense NumPy: K @ V with many columns, combinations, tails, schemes."""
 
 from __future__ import annotations
@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from lazytensor.codegen import ir, ops
-from lazytensor.codegen.render_c import VarSpec, render_cpu_kernel
+from lazytensor.codegen.cpu.kernel import render_cpu_kernel
+from lazytensor.codegen.render_c import VarSpec
 
 from lazytensor import LazyTensor, Vi, Vj
 

@@ -30,8 +30,8 @@ lives in registers. Per family:
 from __future__ import annotations
 
 from .. import reductions
-
-_BETTER = reductions._BETTER  # lt_better / lt_kbetter: NaN and tie rules shared with the CPU
+from ..reductions.base import write_code
+from ..reductions.select import BETTER_CODE as _BETTER  # lt_better / lt_kbetter: NaN, ties
 
 SUMS = ("sum",)
 SELECTS = ("min", "max", "argmin", "argmax", "min_argmin", "max_argmax")
@@ -41,7 +41,7 @@ SUPPORTED = SUMS + SELECTS + KSELECTS + LSES
 
 
 def _write(index: int, kind: str, dim: int, expr: str) -> str:
-    return reductions._write(index, kind, dim, expr)
+    return write_code(index, kind, dim, expr)
 
 
 def acc_code(reduction: str, F: int, opts: dict) -> str:

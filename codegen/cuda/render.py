@@ -39,8 +39,9 @@ True
 from __future__ import annotations
 
 from .. import reductions
-from ..render_c import VarSpec, _prelude
-from ..render_wide import wide_sum
+from ..linearize import wide_sum
+from ..render_c import VarSpec
+from ..render_c import prelude as _prelude
 from .accumulators import acc_code
 from .chunked import chunk_smem, chunked_kernel
 from .chunks import ChunkPlan, plan_chunks

@@ -28,6 +28,10 @@ class CudaUnavailable(RuntimeError):
     """pycuda or the NVIDIA driver is missing or cannot start."""
 
 
+class CudaKernelError(RuntimeError):
+    """A CUDA kernel could not be built, loaded or run; the message names it."""
+
+
 _lock = threading.Lock()
 _drv = None
 

@@ -15,19 +15,13 @@ once before capturing.
 
 from __future__ import annotations
 
-import sys
-import threading
-
 from ..codegen import ir, reductions
 from ..codegen.cuda.render import args_fields
-from ..runtime import KernelSpec, _debug
+from ..kernels import Backend, KernelSpec, kernel_binary, load_once
 from . import driver
+from .driver import CudaKernelError
 
 KERNEL_NAME = "lt"  # symbols lt_reduce, lt_merge, lt_acc
-
-
-class CudaKernelError(RuntimeError):
-    """A CUDA kernel could not be built, loaded or run; the message names it."""
 
 
 def describe(spec: KernelSpec) -> str:
@@ -122,8 +116,6 @@ class CudaKernel:
 
 
 _table: dict = {}
-_table_lock = threading.Lock()
-_build_locks: dict = {}
 
 
 def get_cuda_kernel(spec: KernelSpec, index: int) -> CudaKernel:
@@ -138,22 +130,18 @@ def get_cuda_kernel(spec: KernelSpec, index: int) -> CudaKernel:
             f"{describe(spec)} is not built yet, and the current CUDA stream is capturing a "
             "graph: kernels cannot be compiled or loaded during a capture. Run the reduction "
             "once (same formula, options and dtypes) before torch.cuda.graph(...)")
-    with _table_lock:
-        lock = _build_locks.setdefault((spec, index), threading.Lock())
-    with lock:
-        kernel = _table.get((spec, index))
-        if kernel is None:
-            arch = driver.device_info(index).arch
-            image, layout = cubin(spec, arch)
-            kernel = CudaKernel(spec, index, image, layout)
-            _table[(spec, index)] = kernel
-    return kernel
+    return load_once(_table, (spec, index), lambda: _load(spec, index))
+
+
+def _load(spec: KernelSpec, index: int) -> CudaKernel:
+    arch = driver.device_info(index).arch
+    image, layout = cubin(spec, arch)
+    return CudaKernel(spec, index, image, layout)
 
 
 def cubin(spec: KernelSpec, arch: str) -> tuple[bytes, dict]:
     """(cubin bytes, launch layout) of ``spec`` for ``arch``, through the kernel cache."""
-    from ..cache import default_cache
-    from ..codegen.compilers import CompilerNotFound, build_lock_timeout
+    from ..codegen.compilers import CompilerNotFound
     from ..codegen.cuda import nvcc
     from ..codegen.cuda.render import kernel_layout
 
@@ -162,30 +150,18 @@ def cubin(spec: KernelSpec, arch: str) -> tuple[bytes, dict]:
     except CompilerNotFound as e:
         raise CudaKernelError(f"{e}: the CUDA backend compiles its kernels with nvcc; install "
                               "the CUDA toolkit, or move the inputs to the CPU with .cpu()") from e
-    key = spec.key("cuda", identity)
-    cache = default_cache()
     layout = kernel_layout(spec.formula, list(spec.var_specs), spec.reduction, spec.opts_dict,
                            spec.dtype)
-    binary = cache.read(key, "kernel.cubin")
-    if binary is None:
-        def build(tmpdir):
-            from ..codegen.cuda.render import render_cuda_kernel
+    from ..codegen.cuda.render import render_cuda_kernel
 
-            source = render_cuda_kernel(spec.formula, list(spec.var_specs), spec.reduction,
-                                        spec.opts_dict, spec.dtype, name=KERNEL_NAME)
-            if _debug():
-                print(f"[lazytensor] building CUDA kernel {key} for {arch}\n{source}",
-                      file=sys.stderr)
-            nvcc.compile_cuda(source, tmpdir, arch, "kernel", what=describe(spec),
-                              fast_math=fast_math(spec))
-            return {"reduction": spec.reduction, "dtype": spec.dtype, "arch": arch,
-                    "formula": ir.to_text(spec.formula)[:500], "layout": layout}
-
-        binary = cache.read_or_build(key, build, "kernel.cubin",
-                                     lock_timeout=build_lock_timeout())
-    elif _debug():
-        print(f"[lazytensor] loaded CUDA kernel {key} from {binary.path}", file=sys.stderr)
-    return binary.data, layout  # exactly the bytes the cache verified
+    backend = Backend(
+        "cuda", "kernel.cubin", identity,
+        render=lambda spec: render_cuda_kernel(spec.formula, list(spec.var_specs), spec.reduction,
+                                               spec.opts_dict, spec.dtype, name=KERNEL_NAME),
+        compile=lambda source, tmpdir, what: nvcc.compile_cuda(
+            source, tmpdir, arch, "kernel", what=describe(spec), fast_math=fast_math(spec)),
+        meta={"arch": arch, "layout": layout}, label="CUDA kernel", detail=f" for {arch}")
+    return kernel_binary(backend, spec).data, layout  # exactly the bytes the cache verified
 
 
 __all__ = ["CudaKernel", "CudaKernelError", "cubin", "describe", "get_cuda_kernel",

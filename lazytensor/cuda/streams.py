@@ -145,7 +145,7 @@ def check(index: int, wait: bool = False) -> None:
 
 def _fault(dev: _Device, error, description: str):
     """The error that names the first of our kernels not known to have finished."""
-    from .kernels import CudaKernelError
+    from .driver import CudaKernelError
 
     if dev.in_flight:
         description = dev.in_flight[0][1]

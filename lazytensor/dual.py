@@ -1,4 +1,4 @@
-"""Mixed-mode gradients: forward-mode tangents fused into the forward kernel.
+"""Dual (mixed-mode) gradients: forward-mode tangents fused into the forward kernel.
 
 For ``a_i = Σ_j F(x_i, y_j, p)`` with ``x`` (and/or ``p``) of small total dimension k, the
 forward kernel also accumulates ``J_i = Σ_j ∂F/∂(x_i, p)`` (k tangent directions, each a
@@ -12,53 +12,56 @@ tangents, which the SumSoftMaxWeight accumulator computes in the same pass as ``
 (SumSoftMaxWeight and weighted LogSumExp have fused forms as well, as softmax-weighted
 sums of ``∂w``, ``w ⊗ ∂f`` and ``∂f``; they use the symbolic path for now.)
 
-Second-order gradients (``create_graph=True``) fall back to the symbolic path, which is
-differentiable to any order.
+Second-order gradients (``create_graph=True``) fall back to the symbolic path
+(:mod:`lazytensor.autograd`), which is differentiable to any order. The fused call (the
+tangent formulas) is worked out once per call and set of dual inputs (:func:`fused_call`).
+
+``grad_mode`` ("auto", "symbolic", "dual") and its default are options
+(:func:`lazytensor.options.set_default_grad_mode`).
+
+>>> AUTO_MAX_TANGENTS, AUTO_MIN_PAIRS
+(8, 65536)
 """
 
 from __future__ import annotations
 
 import torch
 
-from .autograd import _concat
-from .codegen import diff, ir
-from .engine import ReductionCall, execute
-
-GRAD_MODES = ("auto", "symbolic", "dual")
-FUSABLE = ("sum", "logsumexp")
+from .autograd import reduction_vjp, unbroadcast
+from .codegen import diff, ir, reductions
+from .dispatch import ReductionCall, execute
 
 # Largest total tangent dimension k for which "auto" picks dual mode. Measured on the CPU
-# backend with `python -m benchmarks.bench --suite dual`: fused forward+backward beats
+# backend with `python -m benchmarks.bench_dual`: fused forward+backward beats
 # forward + symbolic backward up to k = 8 for the Gaussian kernel (see BENCHMARKS.md).
 AUTO_MAX_TANGENTS = 8
-
-_default = {"grad_mode": "auto"}
-
-
-def set_default_grad_mode(mode: str) -> None:
-    """Set the process-wide default ``grad_mode`` ("auto", "symbolic" or "dual")."""
-    if mode not in GRAD_MODES:
-        raise ValueError(f"grad_mode must be one of {GRAD_MODES}, got {mode!r}")
-    _default["grad_mode"] = mode
+# Fewest pairs (B x N x M) for which "auto" picks dual mode. Below this the backward kernel
+# that dual mode saves costs no more than the tangents it adds to the forward: forward +
+# backward take the same time either way, and the forward alone is 1.5x faster without
+# tangents (Gaussian D = 3, x requires grad, minimum of 400 calls, loaded machine:
+# N = M = 200: 239 / 240 us forward + backward, 114 / 77 us forward, dual / symbolic;
+# N = M = 300: 297 / 317 us and 178 / 108 us: from there dual mode pays).
+AUTO_MIN_PAIRS = 1 << 16
 
 
-def default_grad_mode() -> str:
-    return _default["grad_mode"]
-
-
-def dual_slots(call: ReductionCall, arrays: list, mode: str) -> list[int]:
-    """Indices of the inputs whose gradient will come from fused tangents ([] = symbolic)."""
-    if mode == "symbolic" or call.reduction not in FUSABLE:
-        if mode == "dual" and call.reduction not in FUSABLE:
-            raise ValueError(
-                f"grad_mode='dual' supports the reductions {FUSABLE}, not {call.reduction}"
-            )
-        return []
-    ks = [k for k, a in enumerate(arrays) if a.requires_grad and call.cats[k] in ("i", "p")]
+def dual_slots(call: ReductionCall, requires_grad: tuple, mode: str) -> tuple:
+    """Indices of the inputs whose gradient will come from fused tangents (() = symbolic),
+    given which inputs require a gradient."""
+    fusable = reductions.get(call.reduction).fusable
+    if mode == "symbolic" or not fusable:
+        if mode == "dual" and not fusable:
+            names = [r.name for r in reductions.all_reductions() if r.fusable]
+            raise ValueError(f"grad_mode='dual' supports the reductions {tuple(names)}, "
+                             f"not {call.reduction}")
+        return ()
+    ks = [k for k, r in enumerate(requires_grad) if r and call.cats[k] in ("i", "p")]
     k_total = sum(call.dims[k] for k in ks)
-    if not ks or (mode == "auto" and k_total > AUTO_MAX_TANGENTS):
-        return []
-    return ks
+    pairs = call.N * call.M
+    for s in call.batch:
+        pairs *= s
+    if not ks or (mode == "auto" and (k_total > AUTO_MAX_TANGENTS or pairs < AUTO_MIN_PAIRS)):
+        return ()
+    return tuple(ks)
 
 
 def tangent_formulas(F: ir.Node, call: ReductionCall, ks: list[int]) -> list[ir.Node]:
@@ -73,16 +76,24 @@ def tangent_formulas(F: ir.Node, call: ReductionCall, ks: list[int]) -> list[ir.
     return out
 
 
-def fused_call(call: ReductionCall, ks: list[int]) -> ReductionCall:
-    """The forward call that also accumulates the tangents.
+def fused_call(call: ReductionCall, ks: tuple) -> ReductionCall:
+    """The forward call that also accumulates the tangents (kept in ``call``'s memo).
 
     Sum: ``concat(F, ∂F...)`` summed. LogSumExp: the same formula read as ``f`` and the
     weights ``∂f`` of a softmax-weighted sum, whose second output is the log-sum-exp.
     """
-    formula = _concat([call.formula, *tangent_formulas(call.formula, call, ks)])
-    if call.reduction == "sum":
-        return call.with_formula(formula, call.cats, call.dims, "sum", call.opts)
-    return call.with_formula(formula, call.cats, call.dims, "sumsoftmaxweight", ())
+    key = ("dual", tuple(ks))
+    fused = call.memo.get(key)
+    if fused is None:
+        fused = call.memo[key] = _fused_call(call, ks)
+    return fused
+
+
+def _fused_call(call: ReductionCall, ks: tuple) -> ReductionCall:
+    red = reductions.get(call.reduction)
+    formula, reduction, keep_opts = red.dual(call.formula, tangent_formulas(call.formula, call, ks))
+    return call.with_formula(formula, call.cats, call.dims, reduction,
+                             call.opts if keep_opts else ())
 
 
 class FusedReduction(torch.autograd.Function):
@@ -90,14 +101,9 @@ class FusedReduction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, call: ReductionCall, ks: tuple, *tensors):
-        fused = fused_call(call, list(ks))
+        fused = fused_call(call, tuple(ks))
         outs = execute(fused, list(tensors))
-        F = call.formula.dim
-        if call.reduction == "sum":
-            out, J = outs[0][..., :F], outs[0][..., F:]
-            J = J.reshape(*J.shape[:-1], -1, F)  # (..., k, F)
-        else:
-            out, J = outs[1], outs[0][..., None]  # lse and Σ softmax ∂f: (..., k, 1)
+        out, J = reductions.get(call.reduction).dual_outputs(outs, call.formula.dim)
         out = out.contiguous()
         ctx.call, ctx.ks, ctx.n_in = call, tuple(ks), len(tensors)
         ctx.save_for_backward(*tensors, out, J)
@@ -105,8 +111,6 @@ class FusedReduction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        from .autograd import _unbroadcast, reduction_vjp
-
         saved = ctx.saved_tensors
         inputs, out, J = list(saved[: ctx.n_in]), saved[ctx.n_in], saved[ctx.n_in + 1]
         needs = list(ctx.needs_input_grad[2:])
@@ -124,7 +128,7 @@ class FusedReduction(torch.autograd.Function):
             if needs[k]:
                 if call.cats[k] == "p":
                     part = part.sum(dim=-2)
-                grads[k] = _unbroadcast(part, inputs[k].shape)
+                grads[k] = unbroadcast(part, inputs[k].shape)
         rest = [needs[k] and k not in ctx.ks for k in range(len(inputs))]
         if any(rest):
             sym = reduction_vjp(call, inputs, [out], [g], rest)

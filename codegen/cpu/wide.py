@@ -11,33 +11,14 @@ and each weight broadcast. Partial sums of a tile are in T and added to the runn
 accumulator in TA, as ``block_sum`` does.
 
 This module emits that ``Acc`` and the call the pair loop makes after ``Acc::tile``; the
-skeleton is :mod:`lazytensor.codegen.render_cpu`'s.
+skeleton is :mod:`lazytensor.codegen.cpu.kernel`'s.
 """
 
 from __future__ import annotations
 
-from . import ir
-from .linearize import Linear, column_source, linearize
-
-WIDE = 16  # formulas up to this dimension already vectorize across j
-
-
-_SOFTMAX = ("sumsoftmaxweight", "logsumexp_weight")
-
-
-def wide_sum(formula: ir.Node, reduction: str) -> Linear | None:
-    """The weighted-sum form the CPU kernel can use, or None: a Sum (or a softmax-weighted
-    sum / weighted log-sum-exp, whose weight is the wide part) whose wide terms are all
-    weights times j-variables (row terms are split off before, by the caller)."""
-    if reduction not in ("sum",) + _SOFTMAX or formula.dim <= WIDE:
-        return None
-    lin = linearize(formula, max_narrow=WIDE)
-    if lin is None or lin.row_terms or not lin.col_terms:
-        return None
-    if reduction in _SOFTMAX and not any(off == 0 for _, off in lin.direct):
-        return None  # the scalar f (component 0) must be one of the narrow components
-    return lin
-
+from .. import ir
+from ..linearize import Linear, column_source
+from ..reductions.lse import LSE_HELPERS
 
 _TEMPLATES = """
 // out[e] = sum_jj w[jj] * B[jj * E + e] for e in [E0, E): passes of up to 8 vectors of
@@ -146,15 +127,13 @@ struct Acc {{
 """
 
 
-def wide_softmax_acc_code(lin: Linear, reduction: str) -> str:
+def wide_softmax_acc_code(lin: Linear, red) -> str:
     """``struct Acc`` of a softmax-weighted sum (or weighted log-sum-exp) whose weight
     ``F[1:]`` is wide: per tile, the max of f, ``e = exp(f - max)`` once, then each column
     term as the weighted sum of its j-vectors with weights ``e * s``; the running sums are
     rescaled when the max grows, as the narrow reductions do (``lt_lse_add``)."""
-    from .reductions import _LSE_HELPERS, _write
-
     E = lin.dim - 1  # the weight's dimension
-    softmax = reduction == "sumsoftmaxweight"
+    softmax = red.total_sum
     base = 1 if softmax else 0  # s[0] = Σ e for the softmax; the weight sums follow
     nsum = base + E
     f_comp = next(q for q, off in lin.direct if off == 0)
@@ -179,15 +158,12 @@ def wide_softmax_acc_code(lin: Linear, reduction: str) -> str:
     if softmax:
         terms.insert(0, "    { T a = 0; _Pragma(\"omp simd reduction(+:a)\") for (int jj = 0; jj < nj; ++jj) "
                         "a += e[jj]; t[0] = a; }")
-        writes = (_write(0, "value", E, "(T)(s[1 + k] / s[0])") + " "
-                  + _write(1, "value", 1, "(T)(m + log(s[0]))"))
-    else:
-        writes = _write(0, "value", E, "(T)(m + log(s[k]))")
+    writes = red.writes(lin.dim)
     bvars = _bvars(lin)
     params = ", ".join(f"const T* __restrict__ B{k}" for k in bvars)
     emax = max(t.dim for t in lin.col_terms)
     nl = "\n"
-    return _TEMPLATES + _LSE_HELPERS + f"""
+    return _TEMPLATES + LSE_HELPERS + f"""
 struct Acc {{
   TA m; TA s[{nsum}];
   LT_INLINE void init() {{ m = -(TA)INFINITY; for (int c = 0; c < {nsum}; ++c) s[c] = 0; }}

@@ -32,16 +32,15 @@ Pseudo-variables get indices after the formula's own variables; rows are categor
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
-from . import ir, ops
+from .. import ir, ops
+from ..simplify import distribute_dots
+from . import DOT_MIN_DIM, MAX_DOT_DIM, dot_tiling_enabled
 
-DOT_MIN_DIM = 16  # below this the direct per-pair loop is as fast (measured, D=3..16)
 COL_MIN_COST = 16  # per-pair operations saved before a column is worth its memory
 MAX_ROW_VALUES = 2048  # per-row scalars kept on the stack (per row of a row block)
 MAX_COL_DIM = 8
-MAX_DOT_DIM = 4096  # bounds the per-thread buffer of packed rows (rows per item x D)
 
 
 @dataclass(frozen=True)
@@ -76,11 +75,6 @@ class CpuPlan:
     @property
     def pseudo(self) -> tuple:
         return tuple(d.var for d in self.rows + self.cols) + tuple(d.var for d in self.dots)
-
-
-def dot_tiling_enabled() -> bool:
-    """``LAZYTENSOR_DOT_TILING=0`` turns the dot-product rewrite off (exact direct sums)."""
-    return os.environ.get("LAZYTENSOR_DOT_TILING", "1") not in ("0", "false", "no")
 
 
 def _deps(root: ir.Node) -> dict:
@@ -164,43 +158,8 @@ def _dot_operands(node: ir.Node, deps: dict):
     return None
 
 
-def distribute_dots(formula: ir.Node) -> ir.Node:
-    """``⟨A, B ± C⟩`` -> ``⟨A, B⟩ ± ⟨A, C⟩`` for large dimensions when A is on one side
-    (i or j) and B, C on different ones: gradients of softmax-weighted sums read
-    ``⟨g_i, v_j - out_i⟩``, a dot product in disguise."""
-    memo: dict = {}  # node -> its variables' categories (nodes are hash-consed)
-
-    def cats(n):
-        c = memo.get(n)
-        if c is None:  # built bottom-up: the arguments are already known
-            c = {n.cat} if n.op == "var" else set().union(*(cats(a) for a in n.args))
-            memo[n] = c
-        return c
-
-    def fn(node, args):
-        new = node if args == node.args else ir.make(node.op, args, node.params, node.dim)
-        if new.op != "sum" or not DOT_MIN_DIM <= args[0].dim <= MAX_DOT_DIM:
-            return new
-        m = args[0]
-        if m.op != "mul" or m.args[0].dim != m.args[1].dim:
-            return new
-        for a, s in (m.args, m.args[::-1]):
-            ca = cats(a)
-            if s.op in ("add", "sub") and s.args[0].dim == s.args[1].dim == a.dim \
-                    and not ("i" in ca and "j" in ca):
-                x, y = s.args
-                cx, cy = cats(x), cats(y)
-                if ("j" in cx) != ("j" in cy) or ("i" in cx) != ("i" in cy):
-                    left = ops.apply("sum", ops.apply("mul", a, x))
-                    right = ops.apply("sum", ops.apply("mul", a, y))
-                    return ops.apply(s.op, left, right)
-        return new
-
-    return ir.rebuild(formula, fn)
-
-
 def _rewrite_dots(b: _Builder, formula: ir.Node) -> ir.Node:
-    formula = distribute_dots(formula)
+    formula = distribute_dots(formula, DOT_MIN_DIM, MAX_DOT_DIM)
     deps = _deps(formula)
     mapping = {}
     for node in ir.topo_order(formula):

@@ -1,28 +1,25 @@
 """The CPU kernel skeleton ``lt_run`` around the shared formula and ``Acc`` (render_c.py).
 
-The formula is first planned (:mod:`lazytensor.codegen.cpu_plan`): values that depend on i only
-become per-row values, costly values of one j-variable become columns, large dot
-products become small matrix products. Then:
+The formula is first planned (:mod:`lazytensor.codegen.cpu.plan`): values that depend on i
+only become per-row values, costly values of one j-variable become columns, large dot
+products become small matrix products (:mod:`lazytensor.codegen.cpu.gemm`). Then:
 
 - *work items* (batch b, block of rows, chunk of j for split-j) go to OpenMP threads,
   dynamically; one thread, or a small problem, runs them without OpenMP;
 - *a work item* walks its j-range in chunks of ``JCH`` columns that stay in L2. It first
-  stages the chunk: the j-variables of dimension > 1 and the columns, one component
-  after the other (``S[k * JCH + j]``, zero-padded to whole tiles), in a per-thread
-  buffer -- a GPU's shared-memory tile, here so that the pair loop reads every
-  component with unit stride. There is no O(M) set-up pass and no O(M) buffer, so one
-  query against 10^7 points is split over threads from its first byte. Then, for each
-  block of ``LT_R`` rows (1 without dot products): the row values and, per tile of
-  ``TJ`` columns, the dot products and, for each row, a vectorizable loop over the tile
-  that evaluates the formula into ``fb``, handed to ``Acc::tile``. Accumulators stay per
-  row across tiles and chunks, so every row sees its j in increasing order;
-- *dot products* are a small GEMM, BLIS-style: the j-operand of a chunk is packed in
-  panels of ``LT_NR`` = 2 vectors of columns, each panel k-major (transposed in
-  registers, ``lt_pack``); the item's rows are packed once, in blocks of ``LT_R`` rows,
-  k-major, with their norms; a micro-kernel (``lt_mk``) keeps LT_R x 2 vector
-  accumulators in registers and per k broadcasts LT_R row values against 2 vectors of
-  the panel. LT_R = 12 with AVX-512 (32 vector registers), 6 otherwise (16), chosen at
-  compile time. The panel streams from L2, the row block stays in L1;
+  stages the chunk (:mod:`lazytensor.codegen.cpu.layout`): the j-variables of dimension
+  > 1 and the columns, one component after the other (``S[k * JCH + j]``, zero-padded to
+  whole tiles), in a per-thread buffer -- a GPU's shared-memory tile, here so that the
+  pair loop reads every component with unit stride. There is no O(M) set-up pass and no
+  O(M) buffer, so one query against 10^7 points is split over threads from its first
+  byte. Then, for each block of ``LT_R`` rows (1 without dot products): the row values
+  and, per tile of ``TJ`` columns, the dot products and, for each row, a vectorizable
+  loop over the tile that evaluates the formula into ``fb``, handed to ``Acc::tile``.
+  Accumulators stay per row across tiles and chunks, so every row sees its j in
+  increasing order;
+- a Sum of wide terms that are weights times j-variables runs its narrow part in the
+  pair loop and the rest as weighted sums of the j-vectors
+  (:mod:`lazytensor.codegen.cpu.wide`);
 - split-j partial accumulators are merged with ``Acc::merge``.
 
 The kernel runs with denormals flushed to zero (``LtFtz``, as CUDA's fast math does):
@@ -35,22 +32,26 @@ pointer of each variable (contiguous ``(batch..., rows, dim)``), then of each ou
 dim) blocks* along batch dimension k (0 where broadcast), ``vnb[v]`` its number of
 blocks; ``jchunk`` > 0 splits j into chunks (rounded up to the tile length). Returns 0,
 or 1 when a work buffer could not be allocated.
+
+>>> from lazytensor.codegen import ir, ops
+>>> from lazytensor.codegen.render_c import VarSpec
+>>> x, y = ir.var(0, 3, "i"), ir.var(1, 3, "j")
+>>> src = render_cpu_kernel(ops.apply("sum", ops.apply("mul", x, y)),
+...                         [VarSpec(0, 3, "i"), VarSpec(1, 3, "j")], "sum", {}, "float32")
+>>> "lt_run" in src and "lt_formula" in src
+True
 """
 
 from __future__ import annotations
 
-from . import ir
-from .cpu_plan import CpuPlan, plan_cpu
-from .render_c import (
-    VarSpec,
-    _prelude,
-    cpu_renames,
-    render_formula,
-    render_function,
-    render_shared,
-    tile_size,
-)
-from .render_wide import wide_acc_code, wide_call, wide_softmax_acc_code, wide_sum
+from .. import reductions
+from ..linearize import wide_sum
+from ..render_c import prelude, render_formula, render_function, render_shared
+from .gemm import dot_kernel, dot_micro, sqdist_fix
+from .layout import Layout, stage_chunk
+from .plan import plan_cpu
+from .simd import cpu_renames, prelude_defs, vector_header
+from .wide import wide_acc_code, wide_call, wide_softmax_acc_code
 
 L2_CHUNK_BYTES = 262144  # staged j-data of one chunk, reused by every row block of an item
 # With dot products every micro-kernel call streams its panel from the chunk, so the chunk
@@ -58,307 +59,18 @@ L2_CHUNK_BYTES = 262144  # staged j-data of one chunk, reused by every row block
 # speed as 256 KB where L2 is 2 MB (measured, D = 256).
 DOT_CHUNK_BYTES = 131072
 MAX_ROWS_PER_ITEM = 256  # rows of a work item (fewer when N is small or Acc is large)
-WIDE = 16  # formulas on wider vectors vectorize along the vector, not along j
 
 
-def _vector_header() -> str:
-    return """
-#if defined(__AVX512F__)
-#define LT_VB 64
-#elif defined(__AVX__)
-#define LT_VB 32
-#else
-#define LT_VB 16
-#endif
-typedef T lt_vec __attribute__((vector_size(LT_VB)));
-// Dot products: blocks of LT_R rows x panels of LT_NR = 2 vectors of columns, so that the
-// LT_R x 2 accumulators, the 2 vectors of B and a broadcast fill the registers (32 with
-// AVX-512, 16 below). LT_R is also the row block of kernels with dot products.
-#if LT_VB == 64
-#define LT_R 12
-#else
-#define LT_R 6
-#endif
-enum { LT_W = LT_VB / (int)sizeof(T), LT_NR = 2 * LT_W };
-#if defined(__x86_64__) || defined(__i386__)
-// Denormals flushed to zero, and read as zero, while a kernel runs (restored after).
-struct LtFtz {
-  unsigned csr;
-  LtFtz() : csr(__builtin_ia32_stmxcsr()) { __builtin_ia32_ldmxcsr(csr | 0x8040); }
-  ~LtFtz() { __builtin_ia32_ldmxcsr(csr); }
-};
-#else
-struct LtFtz {};
-#endif
-// The staging buffer of the calling thread, kept (and grown) across calls.
-struct LtStage {
-  T* p = 0;
-  size_t n = 0;
-  ~LtStage() { free(p); }
-  T* get(size_t len) {
-    if (len > n) {
-      free(p);
-      void* q = 0;
-      p = posix_memalign(&q, 64, sizeof(T) * len) == 0 ? (T*)q : 0;
-      n = p ? len : 0;
-    }
-    return p;
-  }
-};
-static thread_local LtStage lt_stage;
-"""
+def tile_size(F: int, dtype: str) -> int:
+    """j-tile length: the tile buffer F x TJ stays within 16 KB of L1."""
+    size = 4 if dtype == "float32" else 8
+    tj = 256
+    while tj > 8 and F * tj * size > 16384:
+        tj //= 2
+    return tj
 
 
-def _dot_micro() -> str:
-    """The micro-kernel of the dot products and the packing of their j-operands, shared by
-    every dimension."""
-    return """
-#if !defined(__clang__)
-template <int S> struct lt_int_of;
-template <> struct lt_int_of<4> { typedef int32_t type; };
-template <> struct lt_int_of<8> { typedef int64_t type; };
-typedef typename lt_int_of<sizeof(T)>::type lt_int;
-typedef lt_int lt_ivec __attribute__((vector_size(LT_VB)));
-
-// One stage of an LT_W x LT_W transpose in registers: rows a and a + H exchange their
-// blocks of H lanes (the stages H = 1, 2, ..., LT_W / 2 transpose the whole block).
-template <int H>
-static LT_INLINE void lt_tstage(lt_vec* v) {
-  lt_ivec ma, mb;
-  for (int l = 0; l < LT_W; ++l) {
-    ma[l] = (l & H) ? LT_W + l - H : l;
-    mb[l] = (l & H) ? LT_W + l : l + H;
-  }
-  #pragma GCC unroll 16
-  for (int a = 0; a < LT_W; ++a) {
-    if (a & H) continue;
-    const lt_vec x = v[a], y = v[a + H];
-    v[a] = __builtin_shuffle(x, y, ma);
-    v[a + H] = __builtin_shuffle(x, y, mb);
-  }
-}
-#endif
-
-// Columns [0, nc) of P (row-major, KD components each) into panels of LT_NR columns, each
-// panel k-major (Z[p * KD + k * LT_NR + q] = column p + q, component k), zero-padded to
-// ncp columns. By LT_W x LT_W blocks transposed in registers: a copy one component at a
-// time would cost a quarter of the products' time at D = 256.
-template <int KD>
-static __attribute__((noinline)) void lt_pack(const T* __restrict__ P, int64_t nc, int64_t ncp,
-                                              T* __restrict__ Z) {
-  int64_t j = 0;
-#if !defined(__clang__)
-  for (; j + LT_W <= nc; j += LT_W) {
-    const T* src = P + j * KD;
-    T* z = Z + j / LT_NR * (LT_NR * KD) + j % LT_NR;
-    int q = 0;
-    for (; q + LT_W <= KD; q += LT_W) {
-      lt_vec v[LT_W];
-      #pragma GCC unroll 16
-      for (int a = 0; a < LT_W; ++a) memcpy(&v[a], src + a * KD + q, LT_VB);
-      lt_tstage<1>(v);
-      if (LT_W > 2) lt_tstage<2 % LT_W>(v);
-      if (LT_W > 4) lt_tstage<4 % LT_W>(v);
-      if (LT_W > 8) lt_tstage<8 % LT_W>(v);
-      #pragma GCC unroll 16
-      for (int a = 0; a < LT_W; ++a) memcpy(z + (q + a) * LT_NR, &v[a], LT_VB);
-    }
-    for (; q < KD; ++q)
-      for (int a = 0; a < LT_W; ++a) z[q * LT_NR + a] = src[a * KD + q];
-  }
-#endif
-  for (; j < ncp; ++j) {
-    T* z = Z + j / LT_NR * (LT_NR * KD) + j % LT_NR;
-    if (j < nc) for (int q = 0; q < KD; ++q) z[q * LT_NR] = P[j * KD + q];
-    else for (int q = 0; q < KD; ++q) z[q * LT_NR] = 0;
-  }
-}
-// G[r*TJ + jj] = sum_k A[k*LT_R + r] B[k*LT_NR + jj] for RR rows and one panel of LT_NR
-// columns: A is the row block packed k-major, B a panel packed k-major (both read with
-// unit stride, the panel from L2, the block from L1). The RR x 2 accumulators stay in
-// registers, each vector of B serves RR rows.
-template <int RR, int KD>
-static LT_INLINE void lt_mk(const T* __restrict__ A, const T* __restrict__ B,
-                            T* __restrict__ G) {
-  lt_vec acc[RR][2];
-  #pragma GCC unroll 16
-  for (int r = 0; r < RR; ++r) acc[r][0] = acc[r][1] = lt_vec{};
-  #pragma GCC unroll 2
-  for (int k = 0; k < KD; ++k) {
-    lt_vec b0, b1;
-    memcpy(&b0, B + k * LT_NR, LT_VB);
-    memcpy(&b1, B + k * LT_NR + LT_W, LT_VB);
-    #pragma GCC unroll 16
-    for (int r = 0; r < RR; ++r) {
-      const T a = A[k * LT_R + r];
-      acc[r][0] += a * b0;
-      acc[r][1] += a * b1;
-    }
-  }
-  #pragma GCC unroll 16
-  for (int r = 0; r < RR; ++r) {
-    memcpy(G + r * TJ, &acc[r][0], LT_VB);
-    memcpy(G + r * TJ + LT_W, &acc[r][1], LT_VB);
-  }
-}
-"""
-
-
-def _dot_kernel(D: int) -> str:
-    """G[r*TJ + jj] = Σ_k A_r[k] B_jj[k] for the ``nr`` rows of a block and a tile."""
-    return f"""
-// Dot products of the nr rows of a block (A, packed k-major) with a tile of nj columns (B,
-// panels of LT_NR columns packed k-major, zero-padded): whole panels are computed (G holds
-// TJ columns). A partial block goes by 4 rows and then single rows, not by LT_R. Not
-// inlined: one call computes LT_R x TJ x {D} products, and compiling lt_rows with the
-// micro-kernels inside takes longer.
-static __attribute__((noinline)) void lt_dot{D}(const T* __restrict__ A, const T* __restrict__ B,
-                                               int nr, int nj, T* __restrict__ G) {{
-  for (int p = 0; p < nj; p += LT_NR) {{
-    const T* Bp = B + p * {D};
-    if (nr == LT_R) {{ lt_mk<LT_R, {D}>(A, Bp, G + p); continue; }}
-    int r = 0;
-    for (; r + 4 <= nr; r += 4) lt_mk<4, {D}>(A + r, Bp, G + r * TJ + p);
-    for (; r < nr; ++r) lt_mk<1, {D}>(A + r, Bp, G + r * TJ + p);
-  }}
-}}
-"""
-
-
-def _sqdist_fix(D: int) -> str:
-    """d = max(|a|² + |b|² - 2 G, 0) in place, and the near-duplicates recomputed directly."""
-    return f"""
-// |A_r - B_j|² from the dot products G; where it is below (|A_r|² + |B_j|²) / 16 the
-// subtraction has cancelled most digits, so those pairs are recomputed directly (A and B
-// packed as for lt_dot{D}).
-static LT_INLINE void lt_sqdist{D}(const T* __restrict__ A, const T* __restrict__ nA,
-                                  const T* __restrict__ B, const T* __restrict__ nB,
-                                  int nr, int nj, T* __restrict__ G) {{
-  for (int r = 0; r < nr; ++r) {{
-    T* g = G + r * TJ;
-    const T na = nA[r];
-    int near = 0;
-    _Pragma("omp simd reduction(|:near)")
-    for (int jj = 0; jj < nj; ++jj) {{
-      const T s = na + nB[jj];
-      T d = s - 2 * g[jj];
-      d = d < 0 ? 0 : d;  // NaN stays
-      near |= d < s * (T)0.0625;
-      g[jj] = d;
-    }}
-    if (!near) continue;
-    for (int jj = 0; jj < nj; ++jj) {{
-      if (!(g[jj] < (na + nB[jj]) * (T)0.0625)) continue;
-      const T* b = B + jj / LT_NR * (LT_NR * {D}) + jj % LT_NR;
-      T e = 0;
-      for (int k = 0; k < {D}; ++k) {{ const T t = A[k * LT_R + r] - b[k * LT_NR]; e += t * t; }}
-      g[jj] = e;
-    }}
-  }}
-}}
-"""
-
-
-def _offsets(specs: list, start: int) -> tuple:
-    """({index: first component}, end) of variables laid out one after the other."""
-    offsets = {}
-    for v in specs:
-        offsets[v.index] = start
-        start += v.dim
-    return offsets, start
-
-
-class _Layout:
-    """Which values are staged per chunk and how each variable is addressed."""
-
-    def __init__(self, var_specs: list, plan: CpuPlan, jch: int | None = None):
-        self.orig = sorted(var_specs, key=lambda v: v.index)
-        self.n_orig = max([v.index + 1 for v in self.orig] + [0])
-        self.rows = [VarSpec(d.var.index, d.var.dim, "i") for d in plan.rows]
-        self.cols = [VarSpec(d.var.index, d.var.dim, "j") for d in plan.cols]
-        self.col_source = {d.var.index: d.source for d in plan.cols}
-        self.dots = list(plan.dots)
-        self.dot_index = {d.var.index for d in plan.dots}
-        used = {v.index for v in ir.variables(plan.formula)}
-        used |= {d.norm_b for d in plan.dots}
-        dot_b = {d.b for d in plan.dots}
-        # wide: the pair loop is vectorized along the vector dimension (see _row_block)
-        self.wide = plan.formula.dim > WIDE or any(
-            v.dim > WIDE for v in self.orig if v.index in used)
-        # staged: j-variables read component-wise by the pair loop (unless wide), and the
-        # columns it reads (S[k * JCH + j])
-        self.staged = [v for v in self.orig if v.cat == "j" and v.dim > 1
-                       and v.index in used and not self.wide]
-        self.staged += [v for v in self.cols if v.index in used]
-        self.stage_offset, self.stage_dims = _offsets(self.staged, 0)
-        # packed: the j-side operands of dot products, in panels of LT_NR columns, each
-        # panel k-major (see lt_dot), after the staged values in the same buffer
-        self.packed = [v for v in self.orig + self.cols if v.index in dot_b]
-        self.pack_offset, self.buffer_dims = _offsets(self.packed, self.stage_dims)
-        self.formula_specs = self.orig + self.rows + self.cols + [
-            VarSpec(d.var.index, 1, "j") for d in plan.dots]
-        self.row_offset, self.n_row_values = _offsets(self.rows, 0)
-        self.row_of_node = {d.node: d.var.index for d in plan.rows}
-
-    def j_bytes(self, size: int) -> int:
-        """Bytes of j-data per column: staged, plus the dimension-1 j-variables read in place."""
-        raw = sum(v.dim for v in self.orig if v.cat == "j" and v.index not in self.stage_offset
-                  and v.index not in self.pack_offset)
-        return max(1, (self.buffer_dims + raw) * size)
-
-
-def _stage(L: _Layout) -> str:
-    """Copies (and columns) of the chunk [c0, c1) into S, zero-padded to ncp columns:
-    staged ones at ``S[(off + k) * JCH + j]``, packed ones in panels of LT_NR columns
-    (variables by ``lt_pack``, columns as they are computed).
-
-    The columns |B_j|² of the sqdist products are summed from B's packed panels, across a
-    panel's columns at once (the same sums, in the same order, as lt_col's, but vectorized
-    along j instead of a chain of dependent additions per column)."""
-    dims = {v.index: v.dim for v in L.orig}
-    norms = {d.norm_b: d for d in L.dots if d.kind == "sqdist"}
-    out = []
-    for v in L.staged + [v for v in L.packed if v.index not in L.stage_offset]:
-        k, d = v.index, v.dim
-        if k in norms:
-            continue
-        if k in L.col_source:
-            s = L.col_source[k]
-            body = [f"T o[{d}]; lt_col{k}(P{s} + (c0 + jj) * {dims[s]}, o);"]
-            src = "o"
-        else:
-            body = [f"const T* src = P{k} + (c0 + jj) * {d};"]
-            src = "src"
-        writes, pads = [], []
-        if k in L.stage_offset:
-            writes.append(f"T* Y = S + {L.stage_offset[k]} * JCH + jj; "
-                          f"for (int q = 0; q < {d}; ++q) Y[q * JCH] = {src}[q];")
-            pads.append(f"{{ T* Y = S + {L.stage_offset[k]} * JCH; for (int q = 0; q < {d}; ++q) "
-                        f"for (int64_t jj = nc; jj < ncp; ++jj) Y[q * JCH + jj] = 0; }}")
-        if k in L.pack_offset and k in L.col_source:
-            writes.append(f"T* Z = S + {L.pack_offset[k]} * JCH + jj / LT_NR * (LT_NR * {d}) "
-                          f"+ jj % LT_NR; for (int q = 0; q < {d}; ++q) Z[q * LT_NR] = o[q];")
-            pads.append(f"for (int64_t jj = nc; jj < ncp; ++jj) {{ T* Z = S + {L.pack_offset[k]} "
-                        f"* JCH + jj / LT_NR * (LT_NR * {d}) + jj % LT_NR; "
-                        f"for (int q = 0; q < {d}; ++q) Z[q * LT_NR] = 0; }}")
-        elif k in L.pack_offset:
-            pads.append(f"lt_pack<{d}>(P{k} + c0 * {d}, nc, ncp, S + {L.pack_offset[k]} * JCH);")
-        if writes:
-            out.append(f"    for (int64_t jj = 0; jj < nc; ++jj) {{ {' '.join(body + writes)} }}")
-        out.extend(f"    {p}" for p in pads)
-    for k, dot in norms.items():
-        D = dot.dim
-        out.append(f"""    for (int64_t p = 0; p < ncp; p += LT_NR) {{
-      const T* z = S + {L.pack_offset[dot.b]} * JCH + p * {D};
-      T s[LT_NR] = {{}};
-      for (int k = 0; k < {D}; ++k)
-        for (int q = 0; q < LT_NR; ++q) s[q] += z[k * LT_NR + q] * z[k * LT_NR + q];
-      for (int q = 0; q < LT_NR; ++q) S[{L.stage_offset[k]} * JCH + p + q] = s[q];
-    }}""")
-    return "\n".join(out)
-
-
-def _row_block(L: _Layout, F: int, R: int, after_tile: str = "") -> str:
+def _row_block(L: Layout, F: int, R: int, after_tile: str = "") -> str:
     """``lt_rows``: rows [i0, i1) against columns [jb, je) into ``accs`` (``after_tile``:
     a statement run after each ``Acc::tile``, see :mod:`lazytensor.codegen.render_wide`)."""
     ptr_args = ", ".join(f"const T* __restrict__ P{v.index}" for v in L.orig)
@@ -495,7 +207,7 @@ static int lt_rows({ptr_args}, int64_t i0, int64_t i1, int64_t jb, int64_t je, A
     const int64_t c1 = (c0 + JCH < je) ? c0 + JCH : je, nc = c1 - c0;
     const int64_t ncp = (nc + TJ - 1) / TJ * TJ;
     (void)ncp;
-{_stage(L)}
+{stage_chunk(L)}
     for (int64_t ig = i0; ig < i1; ig += {R}) {{
       const int nr = (int)((i1 - ig) < {R} ? (i1 - ig) : {R});
 {nl.join(block_ptrs)}
@@ -518,7 +230,7 @@ static int lt_rows({ptr_args}, int64_t i0, int64_t i1, int64_t jb, int64_t je, A
 """
 
 
-def _item_pointers(L: _Layout) -> str:
+def _item_pointers(L: Layout) -> str:
     out = []
     for v in L.orig:
         k, d = v.index, v.dim
@@ -532,7 +244,7 @@ def render_cpu_kernel(formula, var_specs, reduction: str, opts: dict, dtype: str
     """Complete C++ source of the CPU kernel ``lt_run`` (see the module docstring).
 
     A Sum of wide terms that are weights times j-variables runs its narrow part in the
-    pair loop and the rest as weighted sums of the j-vectors (:mod:`lazytensor.codegen.render_wide`)."""
+    pair loop and the rest as weighted sums of the j-vectors (:mod:`lazytensor.codegen.cpu.wide`)."""
     lin = wide_sum(formula, reduction)
     if lin is not None:
         src = _render(lin.narrow, var_specs, reduction, opts, dtype, dot_tiling, lin)
@@ -544,7 +256,7 @@ def render_cpu_kernel(formula, var_specs, reduction: str, opts: dict, dtype: str
 def _render(formula, var_specs, reduction, opts, dtype, dot_tiling, lin=None) -> str | None:
     F = formula.dim
     plan = plan_cpu(formula, max([v.index + 1 for v in var_specs] + [0]), dot_tiling)
-    L = _Layout(var_specs, plan)
+    L = Layout(var_specs, plan)
     if lin is not None and L.wide:
         return None  # the narrow part still reads a wide vector pair by pair
     size = 4 if dtype == "float32" else 8
@@ -555,16 +267,17 @@ def _render(formula, var_specs, reduction, opts, dtype, dot_tiling, lin=None) ->
     nv = max(1, L.n_orig)
     if lin is None:
         src = [render_shared(plan.formula, L.formula_specs, reduction, opts, dtype, tj=tj,
-                             rename=cpu_renames)]
+                             rename=cpu_renames, backend_defs=prelude_defs())]
     else:  # the narrow formula, and the weighted sums' Acc (after the vector types)
-        acc_dtype = opts.get("dtype_acc") or ("float64" if reduction == "sum" else dtype)
-        src = [_prelude(dtype, acc_dtype) + f"static const int TJ = {tj};\n"
+        acc_dtype = reductions.get(reduction).acc_dtype(dtype, opts)
+        src = [prelude(dtype, acc_dtype, prelude_defs()) + f"static const int TJ = {tj};\n"
                + render_formula(plan.formula, L.formula_specs, dtype, cpu_renames)]
     src.append("#ifdef _OPENMP\n#include <omp.h>\n#endif\n")
-    src.append(_vector_header())
+    src.append(vector_header())
     if lin is not None:
-        src.append(wide_acc_code(lin, opts) if reduction == "sum"
-                   else wide_softmax_acc_code(lin, reduction))
+        red = reductions.get(reduction)
+        src.append(wide_acc_code(lin, opts) if red.wide == "sum"
+                   else wide_softmax_acc_code(lin, red))
     src.append(f"static const int64_t JCH = {jch};  // columns per staged chunk\n")
     if L.n_row_values:
         row_in = [v for v in L.orig if v.cat in ("i", "p")]
@@ -575,11 +288,11 @@ def _render(formula, var_specs, reduction, opts, dtype, dot_tiling, lin=None) ->
         src.append(render_function(f"lt_col{d.var.index}", [d.node], [s], dtype, cpu_renames,
                                    "static LT_INLINE"))
     if L.dots:
-        src.append(_dot_micro())
+        src.append(dot_micro())
     for D in sorted({d.dim for d in L.dots}):
-        src.append(_dot_kernel(D))
+        src.append(dot_kernel(D))
     for D in sorted({d.dim for d in L.dots if d.kind == "sqdist"}):
-        src.append(_sqdist_fix(D))
+        src.append(sqdist_fix(D))
     src.append(_row_block(L, F, R, "" if lin is None else "\n          " + wide_call(lin)))
     # With dot products each work item packs all its columns once: below 4 row blocks
     # per item that packing costs more than a third of the products, so fewer, larger

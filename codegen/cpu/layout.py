@@ -1,0 +1,123 @@
+"""Where the CPU kernel keeps each value: staged chunks of j, packed panels, row values.
+
+:class:`Layout` decides, from the variables and the plan (:mod:`lazytensor.codegen.cpu.plan`),
+which j-data a work item copies into its per-thread buffer for each chunk of ``JCH``
+columns (component after component, ``S[k * JCH + j]``), which j-operands of dot products
+it packs in panels (:mod:`lazytensor.codegen.cpu.gemm`), and where the row values go;
+:func:`stage_chunk` emits the copies.
+
+>>> from lazytensor.codegen import ir, ops
+>>> from lazytensor.codegen.render_c import VarSpec
+>>> from lazytensor.codegen.cpu.plan import plan_cpu
+>>> x, y = ir.var(0, 3, "i"), ir.var(1, 3, "j")
+>>> L = Layout([VarSpec(0, 3, "i"), VarSpec(1, 3, "j")],
+...            plan_cpu(ops.apply("sum", ops.apply("mul", x, y)), 2))
+>>> [v.index for v in L.staged], L.wide
+([1], False)
+"""
+
+from __future__ import annotations
+
+from .. import ir
+from ..render_c import VarSpec
+from . import WIDE
+from .plan import CpuPlan
+
+
+def _offsets(specs: list, start: int) -> tuple:
+    """({index: first component}, end) of variables laid out one after the other."""
+    offsets = {}
+    for v in specs:
+        offsets[v.index] = start
+        start += v.dim
+    return offsets, start
+
+
+class Layout:
+    """Which values are staged per chunk and how each variable is addressed."""
+
+    def __init__(self, var_specs: list, plan: CpuPlan, jch: int | None = None):
+        self.orig = sorted(var_specs, key=lambda v: v.index)
+        self.n_orig = max([v.index + 1 for v in self.orig] + [0])
+        self.rows = [VarSpec(d.var.index, d.var.dim, "i") for d in plan.rows]
+        self.cols = [VarSpec(d.var.index, d.var.dim, "j") for d in plan.cols]
+        self.col_source = {d.var.index: d.source for d in plan.cols}
+        self.dots = list(plan.dots)
+        self.dot_index = {d.var.index for d in plan.dots}
+        used = {v.index for v in ir.variables(plan.formula)}
+        used |= {d.norm_b for d in plan.dots}
+        dot_b = {d.b for d in plan.dots}
+        # wide: the pair loop is vectorized along the vector dimension (see kernel.py)
+        self.wide = plan.formula.dim > WIDE or any(
+            v.dim > WIDE for v in self.orig if v.index in used)
+        # staged: j-variables read component-wise by the pair loop (unless wide), and the
+        # columns it reads (S[k * JCH + j])
+        self.staged = [v for v in self.orig if v.cat == "j" and v.dim > 1
+                       and v.index in used and not self.wide]
+        self.staged += [v for v in self.cols if v.index in used]
+        self.stage_offset, self.stage_dims = _offsets(self.staged, 0)
+        # packed: the j-side operands of dot products, in panels of LT_NR columns, each
+        # panel k-major (see lt_dot), after the staged values in the same buffer
+        self.packed = [v for v in self.orig + self.cols if v.index in dot_b]
+        self.pack_offset, self.buffer_dims = _offsets(self.packed, self.stage_dims)
+        self.formula_specs = self.orig + self.rows + self.cols + [
+            VarSpec(d.var.index, 1, "j") for d in plan.dots]
+        self.row_offset, self.n_row_values = _offsets(self.rows, 0)
+        self.row_of_node = {d.node: d.var.index for d in plan.rows}
+
+    def j_bytes(self, size: int) -> int:
+        """Bytes of j-data per column: staged, plus the dimension-1 j-variables read in place."""
+        raw = sum(v.dim for v in self.orig if v.cat == "j" and v.index not in self.stage_offset
+                  and v.index not in self.pack_offset)
+        return max(1, (self.buffer_dims + raw) * size)
+
+
+def stage_chunk(L: Layout) -> str:
+    """Copies (and columns) of the chunk [c0, c1) into S, zero-padded to ncp columns:
+    staged ones at ``S[(off + k) * JCH + j]``, packed ones in panels of LT_NR columns
+    (variables by ``lt_pack``, columns as they are computed).
+
+    The columns |B_j|² of the sqdist products are summed from B's packed panels, across a
+    panel's columns at once (the same sums, in the same order, as lt_col's, but vectorized
+    along j instead of a chain of dependent additions per column)."""
+    dims = {v.index: v.dim for v in L.orig}
+    norms = {d.norm_b: d for d in L.dots if d.kind == "sqdist"}
+    out = []
+    for v in L.staged + [v for v in L.packed if v.index not in L.stage_offset]:
+        k, d = v.index, v.dim
+        if k in norms:
+            continue
+        if k in L.col_source:
+            s = L.col_source[k]
+            body = [f"T o[{d}]; lt_col{k}(P{s} + (c0 + jj) * {dims[s]}, o);"]
+            src = "o"
+        else:
+            body = [f"const T* src = P{k} + (c0 + jj) * {d};"]
+            src = "src"
+        writes, pads = [], []
+        if k in L.stage_offset:
+            writes.append(f"T* Y = S + {L.stage_offset[k]} * JCH + jj; "
+                          f"for (int q = 0; q < {d}; ++q) Y[q * JCH] = {src}[q];")
+            pads.append(f"{{ T* Y = S + {L.stage_offset[k]} * JCH; for (int q = 0; q < {d}; ++q) "
+                        f"for (int64_t jj = nc; jj < ncp; ++jj) Y[q * JCH + jj] = 0; }}")
+        if k in L.pack_offset and k in L.col_source:
+            writes.append(f"T* Z = S + {L.pack_offset[k]} * JCH + jj / LT_NR * (LT_NR * {d}) "
+                          f"+ jj % LT_NR; for (int q = 0; q < {d}; ++q) Z[q * LT_NR] = o[q];")
+            pads.append(f"for (int64_t jj = nc; jj < ncp; ++jj) {{ T* Z = S + {L.pack_offset[k]} "
+                        f"* JCH + jj / LT_NR * (LT_NR * {d}) + jj % LT_NR; "
+                        f"for (int q = 0; q < {d}; ++q) Z[q * LT_NR] = 0; }}")
+        elif k in L.pack_offset:
+            pads.append(f"lt_pack<{d}>(P{k} + c0 * {d}, nc, ncp, S + {L.pack_offset[k]} * JCH);")
+        if writes:
+            out.append(f"    for (int64_t jj = 0; jj < nc; ++jj) {{ {' '.join(body + writes)} }}")
+        out.extend(f"    {p}" for p in pads)
+    for k, dot in norms.items():
+        D = dot.dim
+        out.append(f"""    for (int64_t p = 0; p < ncp; p += LT_NR) {{
+      const T* z = S + {L.pack_offset[dot.b]} * JCH + p * {D};
+      T s[LT_NR] = {{}};
+      for (int k = 0; k < {D}; ++k)
+        for (int q = 0; q < LT_NR; ++q) s[q] += z[k * LT_NR + q] * z[k * LT_NR + q];
+      for (int q = 0; q < LT_NR; ++q) S[{L.stage_offset[k]} * JCH + p + q] = s[q];
+    }}""")
+    return "\n".join(out)

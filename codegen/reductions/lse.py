@@ -1,0 +1,284 @@
+"""The log-sum-exp family: LogSumExp (weighted too), SumSoftMaxWeight, Max_SumShiftExp.
+
+Each accumulates ``(m, s)``: the running maximum ``m`` of the scalar formula ``f`` and sums
+``s[c] = Σ_j exp(f_j - m) w_cj`` (``w = 1`` unweighted; SumSoftMaxWeight keeps the plain
+``Σ_j exp(f_j - m)`` in ``s[0]``, ``total_sum``). Their gradients are Sums of formulas that
+read the saved outputs; LogSumExp's dual form is a softmax-weighted sum of its tangents.
+
+>>> import numpy as np
+>>> from lazytensor.codegen.reductions import get
+>>> r = get("logsumexp"); f = np.log(np.array([[1.0], [2.0], [5.0]]))
+>>> both = r.merge(r.partial(f[:1], {}), r.partial(f[1:], {}, 1), {})
+>>> round(float(np.exp(r.finalize(both, {})[0][0])), 12)
+8.0
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import ir
+from ..arraymath import namespace_of
+from ..compositions import concat
+from ..ops import apply
+from .base import Output, Reduction, register, write_code
+
+# Online log-sum-exp: (m, s) represents exp(m) * s. Tiles take their max first so the
+# sum of exponentials vectorizes; NaN propagates through s. Infinite terms follow the
+# limits (and the reference): with m = +inf each +inf term counts exp(0) = 1 and the finite
+# ones 0; -inf terms count 0, so a row of -inf only keeps s = 0 (as an empty row).
+LSE_HELPERS = """
+LT_HD LT_INLINE void lt_lse_add(TA& m, TA* s, const TA* t, int n, TA tm) {
+  if (tm != tm) { m = tm; for (int c = 0; c < n; ++c) s[c] = tm; return; }  // NaN max, as numpy
+  if (tm > m) { const TA sc = exp(m - tm); for (int c = 0; c < n; ++c) s[c] = s[c] * sc + t[c]; m = tm; }
+  else if (tm == m) { for (int c = 0; c < n; ++c) s[c] += t[c]; }
+  else { const TA sc = exp(tm - m); for (int c = 0; c < n; ++c) s[c] += t[c] * sc; }
+}
+// The largest of a tile's terms, NaN if one is NaN (the CPU tiles' first pass).
+LT_INLINE T lt_tile_max(const T* f, int nj) {
+  T tm = -(T)INFINITY; int nan = 0;
+  _Pragma("omp simd reduction(max:tm) reduction(|:nan)")
+  for (int jj = 0; jj < nj; ++jj) { const T x = f[jj]; nan |= (x != x); tm = x > tm ? x : tm; }
+  return nan ? (T)NAN : tm;
+}
+"""
+
+
+
+class _LSEBase(Reduction):
+    """m (scalar) and sums s[0..nsum) of exp(f - m) * w (w = 1 for s[0] when unweighted)."""
+
+    sum_type = True
+    total_sum = False  # s[0] is Σ exp(f - m) itself, the weights' sums follow
+
+    def check(self, F, opts, M=None):
+        if self.weighted and F < 2:
+            raise ValueError(f"{self.name}: needs a weight (formula dimension {F})")
+        if not self.weighted and F != 1:
+            raise ValueError(f"{self.name}: the formula must be scalar, got dimension {F}")
+
+    def n_sums(self, F: int) -> int:
+        return 1
+
+    def weight_code(self) -> str:
+        """C expression of the weight of sum c for the term at ``{f}[{jj}]`` (row stride
+        ``{stride}`` between components)."""
+        return "(T)1"
+
+    def writes(self, F: int) -> str:
+        """C statements writing one row's outputs from ``m`` and ``s``."""
+        raise NotImplementedError
+
+    def acc_code(self, F, opts):
+        return self._acc(self.n_sums(F), self.weight_code(), self.writes(F))
+
+    def _acc(self, nsum: int, weights: str, writes: str) -> str:
+        # weights: C expression of the weight of sum c for a term at pointer f (c in [0, nsum)).
+        return LSE_HELPERS + f"""
+struct Acc {{
+  TA m; TA s[{nsum}];
+  LT_HD LT_INLINE void init() {{ m = -(TA)INFINITY; for (int c = 0; c < {nsum}; ++c) s[c] = 0; }}
+  LT_HD LT_INLINE void push(const T* f, int64_t j) {{
+    if (f[0] == -(T)INFINITY) return;
+    TA t[{nsum}]; for (int c = 0; c < {nsum}; ++c) t[c] = {weights.format(f="f", jj="0", stride="1")};
+    lt_lse_add(m, s, t, {nsum}, (TA)f[0]); }}
+  LT_INLINE void tile(const T* fb, int nj, int64_t j0) {{
+    const T tm = lt_tile_max(fb, nj);
+    if (tm == -(T)INFINITY) return;
+    TA t[{nsum}];
+    if (tm == (T)INFINITY) {{  // exp(inf - inf) would be NaN: count the +inf terms
+      for (int c = 0; c < {nsum}; ++c) {{ T a = 0;
+        for (int jj = 0; jj < nj; ++jj) if (fb[jj] == tm) a += {weights.format(f="fb", jj="jj", stride="TJ")};
+        t[c] = a; }}
+      lt_lse_add(m, s, t, {nsum}, (TA)tm); return;
+    }}
+    for (int c = 0; c < {nsum}; ++c) {{ T a = 0;
+      _Pragma("omp simd reduction(+:a)") for (int jj = 0; jj < nj; ++jj) a += lt_exp(fb[jj] - tm) * {weights.format(f="fb", jj="jj", stride="TJ")};
+      t[c] = a; }}
+    lt_lse_add(m, s, t, {nsum}, (TA)tm); }}
+  LT_HD LT_INLINE void merge(const Acc& o) {{ if (o.m != -(TA)INFINITY || o.m != o.m) lt_lse_add(m, s, o.s, {nsum}, o.m); }}
+  LT_HD LT_INLINE void write(void* const* outs, int64_t row) const {{ {writes} }}
+}};"""
+
+
+    # ------------------------------------------------------------------ array level
+
+    def weights(self, values):
+        """The weights of the sums, (..., M, nsum), for values (..., M, F)."""
+        return np.ones_like(values[..., :1])
+
+    def partial(self, values, opts, j0=0):
+        f = values[..., :1]
+        m = _ref_max(f)
+        with np.errstate(all="ignore"):
+            s = (_ref_shifted_exp(f, m) * self.weights(values)).sum(axis=-2)
+        return [m, s]
+
+    def merge(self, a, b, opts):
+        """As ``lt_lse_add``: both sums rescaled to the larger maximum (the terms at +inf
+        count 1 each, as in the kernels)."""
+        (ma, sa), (mb, sb) = a, b
+        xp = namespace_of(ma)
+        m = xp.maximum(ma, mb)  # NaN propagates
+        with np.errstate(all="ignore"):  # the scale of the larger is 1 (inf - inf is NaN)
+            s = (sa * xp.where(ma == m, 1.0, xp.exp(ma - m))
+                 + sb * xp.where(mb == m, 1.0, xp.exp(mb - m)))
+        return [m, xp.where(m != m, m + s * 0, s)]
+
+    def finalize(self, state, opts):
+        m, s = state
+        with np.errstate(all="ignore"):
+            return [m + _log(s)]
+
+    vjp_saves = 1
+
+
+def _log(s):
+    return namespace_of(s).log(s)
+
+
+@register
+class LogSumExp(_LSEBase):
+    name = "logsumexp"
+    keops_name = "LogSumExp"
+    aliases = ("lse",)
+    weighted_variant = "logsumexp_weight"
+    gradient = "sum"
+    fusable = True
+
+    def outputs(self, F, opts):
+        return [Output(1, "value", float("-inf"))]
+
+    def check(self, F, opts, M=None):
+        if F != 1:
+            raise ValueError(
+                f"logsumexp: the formula must be scalar (dimension 1), got dimension {F}"
+            )
+
+    def writes(self, F):
+        return write_code(0, "value", 1, "(T)(m + log(s[0]))")
+
+    def vjp_formula(self, F, saved, aux):
+        return apply("exp", apply("sub", F, saved[0]))
+
+    def dual(self, F, tangents):
+        # d lse = Σ_j softmax_j(F) dF_j: the softmax-weighted sum of the tangents, whose
+        # second output is the log-sum-exp itself
+        return concat([F, *tangents]), "sumsoftmaxweight", False
+
+    def dual_outputs(self, outs, F):
+        return outs[1], outs[0][..., None]
+
+
+@register
+class LogSumExpWeight(_LSEBase):
+    name = "logsumexp_weight"
+    weighted = True
+    gradient = "sum"
+    wide = "softmax"
+
+    def outputs(self, F, opts):
+        return [Output(F - 1, "value", float("-inf"))]
+
+    def n_sums(self, F):
+        return F - 1
+
+    def weight_code(self):
+        return "{f}[(1 + c) * {stride} + {jj}]"
+
+    def writes(self, F):
+        return write_code(0, "value", F - 1, "(T)(m + log(s[k]))")
+
+    def weights(self, values):
+        return values[..., 1:]
+
+    def vjp_formula(self, F, saved, aux):
+        f, w = _split(F)
+        return apply("mul", apply("exp", apply("sub", f, saved[0])), w)
+
+
+@register
+class SumSoftMaxWeight(_LSEBase):
+    """Σ_j softmax_j(f) w_j; also writes the log-sum-exp of f (second output, for gradients)."""
+
+    name = "sumsoftmaxweight"
+    keops_name = "SumSoftMaxWeight"
+    aliases = ("sum_softmax_weight", "softmax")
+    weighted = True
+    total_sum = True
+    gradient = "sum"
+    wide = "softmax"
+    vjp_saves = 2
+
+    def outputs(self, F, opts):
+        return [Output(F - 1, "value", float("nan")), Output(1, "value", float("-inf"))]
+
+    def n_sums(self, F):
+        return F
+
+    def weight_code(self):
+        return "(c == 0 ? (T)1 : {f}[c * {stride} + {jj}])"
+
+    def writes(self, F):
+        return (write_code(0, "value", F - 1, "(T)(s[1 + k] / s[0])") + " "
+                + write_code(1, "value", 1, "(T)(m + log(s[0]))"))
+
+    def weights(self, values):
+        return np.concatenate([np.ones_like(values[..., :1]), values[..., 1:]], axis=-1)
+
+    def finalize(self, state, opts):
+        m, s = state
+        with np.errstate(all="ignore"):
+            return [s[..., 1:] / s[..., :1], m + _log(s[..., :1])]
+
+    def vjp_formula(self, F, saved, aux):
+        f, w = _split(F)
+        softmax = apply("exp", apply("sub", f, saved[1]))
+        G = apply("mul", softmax, apply("sub", w, saved[0]))
+        # The auxiliary log-sum-exp output is used by first-order gradients, so it receives
+        # a cotangent in double backward: d lse = Σ_j softmax_ij df_ij.
+        return apply("concat", G, softmax) if aux else G
+
+
+@register
+class MaxSumShiftExp(_LSEBase):
+    """(m, s) with m = max_j f and s = Σ_j exp(f - m): KeOps's Max_SumShiftExp."""
+
+    name = "max_sumshiftexp"
+    keops_name = "Max_SumShiftExp"
+    aliases = ("maxsumshiftexp",)
+
+    def outputs(self, F, opts):
+        return [Output(2, "value", float("nan"))]
+
+    def writes(self, F):
+        return "{ T* o = (T*)outs[0] + row * 2; o[0] = (T)m; o[1] = (T)s[0]; }"
+
+    def finalize(self, state, opts):
+        return [namespace_of(state[0]).concat(list(state))]
+
+
+def _split(F: ir.Node) -> tuple:
+    """(f, w): the scalar formula and the weight of a weighted reduction's formula."""
+    return apply("slice", F, params=(0, 1)), apply("slice", F, params=(1, F.dim - 1))
+
+
+def _ref_max(f):
+    """Max over the pair axis; -inf for empty reductions, NaN if any NaN."""
+    if f.shape[-2] == 0:
+        return np.full(f.shape[:-2] + f.shape[-1:], -np.inf)
+    with np.errstate(all="ignore"):
+        m = f.max(axis=-2)
+    return np.where(np.isinf(m) & (m < 0), -np.inf, m)
+
+
+def _ref_shifted_exp(f, m):
+    """``exp(f - m)`` for ``m = max f`` (over axis -2), with the limits the kernels use:
+    where ``m = +inf`` each +inf term counts 1 and the others 0 (so ``logsumexp`` is +inf,
+    as ``scipy.special.logsumexp``, and softmax averages the weights of the +inf terms);
+    where ``m = -inf`` (all terms -inf, or none) every term counts 0. NaN propagates."""
+    mb = m[..., None, :]
+    with np.errstate(all="ignore"):
+        e = np.exp(f - mb)
+    e = np.where(np.isposinf(mb), (f == mb).astype(e.dtype), e)
+    return np.where(np.isneginf(mb), 0.0, e)

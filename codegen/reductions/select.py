@@ -1,0 +1,348 @@
+"""Selections: Min, Max, their indices (ArgMin, Min_ArgMin, ...) and the K-min family.
+
+Every selection keeps values and indices (int64, global j) in its accumulator; NaN counts
+as the best value (as ``numpy.min``/``argmin``) for Min/Max, and sorts last (as
+``numpy.sort``) for the K-min family; ties go to the lowest index. Min, Max and KMin have
+an ``arg_variant`` that also outputs the indices, through which their gradients gather.
+
+>>> import numpy as np
+>>> from lazytensor.codegen.reductions import get
+>>> r = get("argkmin"); [o.dim for o in r.outputs(1, {"K": 5})]
+[5]
+>>> v = np.array([[3.0], [1.0], [2.0]])
+>>> r.merge(r.partial(v[:2], {"K": 2}), r.partial(v[2:], {"K": 2}, j0=2), {"K": 2})[1][:, 0]
+array([1, 2])
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..arraymath import namespace_of
+from .base import Output, Reduction, register, write_code
+
+BETTER_CODE = """
+// (a, ia) replaces (b, ib)? ib < 0 marks an empty slot. NaN counts as the best value
+// (numpy.min/argmin propagate NaN); ties go to the lowest index.
+LT_HD LT_INLINE bool lt_better(T a, int64_t ia, T b, int64_t ib, bool want_min) {
+  if (ib < 0) return ia >= 0;
+  if (ia < 0) return false;
+  const bool an = a != a, bn = b != b;
+  if (an || bn) return an && (!bn || ia < ib);
+  if (a == b) return ia < ib;
+  return want_min ? a < b : a > b;
+}
+// K-min order: NaN last (as numpy.sort), ties to the lowest index.
+LT_HD LT_INLINE bool lt_kbetter(T a, int64_t ia, T b, int64_t ib, bool want_min) {
+  if (ib < 0) return ia >= 0;
+  if (ia < 0) return false;
+  const bool an = a != a, bn = b != b;
+  if (an || bn) return !an || (bn && ia < ib);
+  if (a == b) return ia < ib;
+  return want_min ? a < b : a > b;
+}
+"""
+
+
+# Which of n <= 64 terms are better than a threshold, as bits: the K-selections test each
+# block of a tile this way (NaN never is). GCC's vector compares give the bits directly
+# (the intrinsics' header alone would add ~0.4 s to every compile); elsewhere, a loop.
+_KMASK = """
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && defined(__x86_64__) \\
+    && (defined(__AVX512F__) || defined(__AVX__))
+#if defined(__AVX512F__)
+typedef float lt_kf __attribute__((vector_size(64)));
+typedef double lt_kd __attribute__((vector_size(64)));
+#define LT_KCMP_F(a, b) (uint64_t)__builtin_ia32_cmpps512_mask(a, b, 17, (unsigned short)-1, 4)
+#define LT_KCMP_D(a, b) (uint64_t)__builtin_ia32_cmppd512_mask(a, b, 17, (unsigned char)-1, 4)
+#else
+typedef float lt_kf __attribute__((vector_size(32)));
+typedef double lt_kd __attribute__((vector_size(32)));
+#define LT_KCMP_F(a, b) (uint64_t)(unsigned)__builtin_ia32_movmskps256(__builtin_ia32_cmpps256(a, b, 17))
+#define LT_KCMP_D(a, b) (uint64_t)(unsigned)__builtin_ia32_movmskpd256(__builtin_ia32_cmppd256(a, b, 17))
+#endif
+#define LT_KMASK_VEC(VT, CMP)                                                      \\
+  enum { W = sizeof(VT) / sizeof(t) };                                           \\
+  VT tv = {}; tv += t;                                                           \\
+  for (; q + W <= n; q += W) {                                                   \\
+    VT a; memcpy(&a, f + q, sizeof(VT));                                         \\
+    m |= (want_min ? CMP(a, tv) : CMP(tv, a)) << q;                              \\
+  }
+static inline uint64_t lt_kmask(const float* f, int n, float t, bool want_min) {
+  uint64_t m = 0; int q = 0;
+  LT_KMASK_VEC(lt_kf, LT_KCMP_F)
+  for (; q < n; ++q) m |= (uint64_t)(want_min ? f[q] < t : f[q] > t) << q;
+  return m;
+}
+static inline uint64_t lt_kmask(const double* f, int n, double t, bool want_min) {
+  uint64_t m = 0; int q = 0;
+  LT_KMASK_VEC(lt_kd, LT_KCMP_D)
+  for (; q < n; ++q) m |= (uint64_t)(want_min ? f[q] < t : f[q] > t) << q;
+  return m;
+}
+#else
+static inline uint64_t lt_kmask(const T* f, int n, T t, bool want_min) {
+  uint64_t m = 0;
+  for (int q = 0; q < n; ++q) m |= (uint64_t)(want_min ? f[q] < t : f[q] > t) << q;
+  return m;
+}
+#endif
+"""
+
+
+
+
+def _better(a, ia, b, ib, want_min: bool):
+    """Where ``(a, ia)`` replaces ``(b, ib)`` (``lt_better``): an empty slot (index < 0)
+    never wins, NaN is the best value, ties go to the lower index."""
+    an, bn = a != a, b != b
+    nan_case = an & (~bn | (ia < ib))
+    order = (a < b) if want_min else (a > b)
+    xp = namespace_of(a)
+    res = xp.where(an | bn, nan_case, xp.where(a == b, ia < ib, order))
+    return xp.where(ib < 0, ia >= 0, res & (ia >= 0))
+
+
+def _kbetter(a, ia, b, ib, want_min: bool):
+    """The K-min order (``lt_kbetter``): as :func:`_better`, but NaN sorts last."""
+    an, bn = a != a, b != b
+    nan_case = ~an | (bn & (ia < ib))
+    order = (a < b) if want_min else (a > b)
+    xp = namespace_of(a)
+    res = xp.where(an | bn, nan_case, xp.where(a == b, ia < ib, order))
+    return xp.where(ib < 0, ia >= 0, res & (ia >= 0))
+
+
+class _Select(Reduction):
+    want_min = True
+    with_value = True
+    with_index = False
+    user_outputs = 1
+
+    def outputs(self, F, opts):
+        empty = float("inf") if self.want_min else float("-inf")
+        outs = []
+        if self.with_value:
+            outs.append(Output(F, "value", empty))
+        if self.with_index:
+            outs.append(Output(F, "index", -1))
+        return outs
+
+    def acc_code(self, F, opts):
+        wm = "true" if self.want_min else "false"
+        writes = []
+        if self.with_value:
+            writes.append(write_code(0, "value", F, "v[k]"))
+        if self.with_index:
+            writes.append(write_code(len(writes), "index", F, "i[k]"))
+        init_v = "(T)INFINITY" if self.want_min else "-(T)INFINITY"
+        return BETTER_CODE + f"""
+struct Acc {{
+  T v[{F}]; int64_t i[{F}];
+  LT_HD LT_INLINE void init() {{ for (int k = 0; k < {F}; ++k) {{ v[k] = {init_v}; i[k] = -1; }} }}
+  LT_HD LT_INLINE void push(const T* f, int64_t j) {{
+    for (int k = 0; k < {F}; ++k) if (lt_better(f[k], j, v[k], i[k], {wm})) {{ v[k] = f[k]; i[k] = j; }} }}
+  // A vectorized pass finds the tile's best value (and any NaN); only a tile that holds
+  // a NaN, or a better value, is looked at term by term.
+  LT_INLINE void tile(const T* fb, int nj, int64_t j0) {{
+    for (int k = 0; k < {F}; ++k) {{
+      const T* f = fb + k * TJ;
+      T m = {init_v}; int nan = 0;
+      _Pragma("omp simd reduction({"min" if self.want_min else "max"}:m) reduction(|:nan)")
+      for (int jj = 0; jj < nj; ++jj) {{ const T x = f[jj]; nan |= (x != x); m = x {"<" if self.want_min else ">"} m ? x : m; }}
+      if (nan) {{
+        for (int jj = 0; jj < nj; ++jj)
+          if (lt_better(f[jj], j0 + jj, v[k], i[k], {wm})) {{ v[k] = f[jj]; i[k] = j0 + jj; }}
+        continue;
+      }}
+      // the tile's terms come after every index kept, so a tie does not replace
+      if (i[k] >= 0 && !(m {"<" if self.want_min else ">"} v[k])) continue;
+      int jj = 0;
+      while (!(f[jj] == m)) ++jj;  // the first term equal to the best
+      v[k] = f[jj]; i[k] = j0 + jj;
+    }} }}
+  LT_HD LT_INLINE void merge(const Acc& o) {{
+    for (int k = 0; k < {F}; ++k) if (lt_better(o.v[k], o.i[k], v[k], i[k], {wm})) {{ v[k] = o.v[k]; i[k] = o.i[k]; }} }}
+  LT_HD LT_INLINE void write(void* const* outs, int64_t row) const {{ {" ".join(writes)} }}
+}};"""
+
+    def partial(self, values, opts, j0=0):
+        M = values.shape[-2]
+        if M == 0:
+            shape = values.shape[:-2] + values.shape[-1:]
+            v = np.full(shape, np.inf if self.want_min else -np.inf)
+            idx = np.full(shape, -1, dtype=np.int64)
+        else:
+            idx = (values.argmin if self.want_min else values.argmax)(axis=-2)
+            v = np.take_along_axis(values, idx[..., None, :], axis=-2)[..., 0, :]
+            idx = idx.astype(np.int64) + j0
+        return [v, idx]
+
+    def merge(self, a, b, opts):
+        take = _better(b[0], b[1], a[0], a[1], self.want_min)
+        xp = namespace_of(a[0])
+        return [xp.where(take, b[0], a[0]), xp.where(take, b[1], a[1])]
+
+    def finalize(self, state, opts):
+        return ([state[0]] if self.with_value else []) + ([state[1]] if self.with_index else [])
+
+
+def _select(name, keops_name, want_min, with_value, with_index, aliases=(), arg_variant=None):
+    fields = dict(name=name, keops_name=keops_name, want_min=want_min, with_value=with_value,
+                  with_index=with_index, aliases=aliases, arg_variant=arg_variant,
+                  user_outputs=2 if with_value and with_index else 1,
+                  gradient="gather" if with_value and with_index else None)
+    register(type(keops_name.replace("_", ""), (_Select,), fields))
+
+
+_select("min", "Min", True, True, False, arg_variant="min_argmin")
+_select("max", "Max", False, True, False, arg_variant="max_argmax")
+_select("argmin", "ArgMin", True, False, True)
+_select("argmax", "ArgMax", False, False, True)
+_select("min_argmin", "Min_ArgMin", True, True, True, aliases=("minargmin",))
+_select("max_argmax", "Max_ArgMax", False, True, True, aliases=("maxargmax",))
+
+
+class _KSelect(Reduction):
+    want_min = True
+    with_value = True
+    with_index = False
+    needs_k = True
+
+    def outputs(self, F, opts):
+        K = int(opts["K"])
+        empty = float("inf") if self.want_min else float("-inf")
+        outs = []
+        if self.with_value:
+            outs.append(Output(K * F, "value", empty))
+        if self.with_index:
+            outs.append(Output(K * F, "index", -1))
+        return outs
+
+    def check(self, F, opts, M=None):
+        K = opts.get("K")
+        if not isinstance(K, (int, np.integer)) or isinstance(K, bool) or K < 1:
+            raise ValueError(f"{self.name}: K must be a positive integer, got {K!r}")
+        if M is not None and K > M:
+            raise ValueError(f"{self.name}: K={K} is larger than the number of reduced points ({M})")
+
+    def shape_output(self, out, F, opts):
+        if F > 1:
+            return out.reshape(*out.shape[:-1], int(opts["K"]), F)
+        return out
+
+    def acc_code(self, F, opts):
+        K = int(opts["K"])
+        wm = "true" if self.want_min else "false"
+        init_v = "(T)INFINITY" if self.want_min else "-(T)INFINITY"
+        writes = []
+        # layout of outputs: [K][F]
+        if self.with_value:
+            writes.append(write_code(0, "value", K * F, f"v[(k % {F}) * {K} + k / {F}]"))
+        if self.with_index:
+            writes.append(write_code(len(writes), "index", K * F, f"i[(k % {F}) * {K} + k / {F}]"))
+        return BETTER_CODE + _KMASK + f"""
+struct Acc {{
+  T v[{F * K}]; int64_t i[{F * K}];   // per component c: v[c*K .. c*K+K) sorted best first
+  LT_HD LT_INLINE void init() {{ for (int k = 0; k < {F * K}; ++k) {{ v[k] = {init_v}; i[k] = -1; }} }}
+  LT_HD LT_INLINE void insert(int c, T x, int64_t j) {{
+    T* vc = v + c * {K}; int64_t* ic = i + c * {K};
+    if (!lt_kbetter(x, j, vc[{K - 1}], ic[{K - 1}], {wm})) return;
+    int p = {K - 1};
+    while (p > 0 && lt_kbetter(x, j, vc[p - 1], ic[p - 1], {wm})) {{ vc[p] = vc[p - 1]; ic[p] = ic[p - 1]; --p; }}
+    vc[p] = x; ic[p] = j;
+  }}
+  LT_HD LT_INLINE void push(const T* f, int64_t j) {{ for (int c = 0; c < {F}; ++c) insert(c, f[c], j); }}
+  // Once the K slots are full (and the worst is not NaN), a vectorized pass over a block
+  // of 64 terms asks whether any is strictly better than the worst kept (NaN never is);
+  // most blocks hold none and cost that pass alone. The others are scanned in order:
+  // the terms of a tile come after every kept index, so a tie never enters.
+  LT_INLINE void tile(const T* fb, int nj, int64_t j0) {{
+    for (int c = 0; c < {F}; ++c) {{
+      const T* f = fb + c * TJ;
+      int jj = 0;
+      while (jj < nj) {{
+        const T thr = v[c * {K} + {K - 1}];
+        if (i[c * {K} + {K - 1}] < 0 || thr != thr) {{ insert(c, f[jj], j0 + jj); ++jj; continue; }}
+        const int e = jj + 64 < nj ? jj + 64 : nj;
+        uint64_t bits = lt_kmask(f + jj, e - jj, thr, {wm});
+        // Here the slots are full, hold no NaN, and every kept index is below j0: a term
+        // better than the worst moves up past the strictly worse ones, ties stay ahead.
+        T* vc = v + c * {K}; int64_t* ic = i + c * {K};
+        while (bits) {{
+          const int q = jj + __builtin_ctzll(bits);
+          bits &= bits - 1;
+          const T x = f[q];
+          if (!(x {"<" if self.want_min else ">"} vc[{K - 1}])) continue;
+          int p = {K - 1};
+          while (p > 0 && x {"<" if self.want_min else ">"} vc[p - 1]) {{ vc[p] = vc[p - 1]; ic[p] = ic[p - 1]; --p; }}
+          vc[p] = x; ic[p] = j0 + q;
+        }}
+        jj = e;
+      }}
+    }} }}
+  LT_HD LT_INLINE void merge(const Acc& o) {{
+    for (int c = 0; c < {F}; ++c) for (int q = 0; q < {K}; ++q) if (o.i[c * {K} + q] >= 0) insert(c, o.v[c * {K} + q], o.i[c * {K} + q]); }}
+  LT_HD LT_INLINE void write(void* const* outs, int64_t row) const {{ {" ".join(writes)} }}
+}};"""
+
+    def partial(self, values, opts, j0=0):
+        """(values, indices), each (..., K, F) best first; slots past the terms are empty."""
+        K = int(opts["K"])
+        key = values if self.want_min else -values
+        order = np.argsort(key, axis=-2, kind="stable")[..., :K, :]  # NaN last, ties by index
+        v = np.take_along_axis(values, order, axis=-2)
+        idx = (order + j0).astype(np.int64)
+        missing = K - v.shape[-2]
+        if missing > 0:
+            shape = v.shape[:-2] + (missing,) + v.shape[-1:]
+            v = np.concatenate([v, np.full(shape, np.inf if self.want_min else -np.inf)], -2)
+            idx = np.concatenate([idx, np.full(shape, -1, dtype=np.int64)], -2)
+        return [v, idx]
+
+    def merge(self, a, b, opts):
+        """The K best of two sorted lists, K steps of a vectorized merge."""
+        K = int(opts["K"])
+        xp = namespace_of(a[0])
+        (va, ia), (vb, ib) = a, b
+        pa = ia[..., :1, :] * 0
+        pb = pa
+        out_v, out_i = [], []
+        for _ in range(K):
+            qa, qb = pa.clip(max=K - 1), pb.clip(max=K - 1)
+            av, ai = xp.take_along(va, qa, -2), xp.take_along(ia, qa, -2)
+            bv, bi = xp.take_along(vb, qb, -2), xp.take_along(ib, qb, -2)
+            ai = xp.where(pa >= K, ai * 0 - 1, ai)
+            bi = xp.where(pb >= K, bi * 0 - 1, bi)
+            take = _kbetter(bv, bi, av, ai, self.want_min)
+            out_v.append(xp.where(take, bv, av))
+            out_i.append(xp.where(take, bi, ai))
+            pa, pb = pa + (~take), pb + take
+        return [_join(xp, out_v), _join(xp, out_i)]
+
+    def finalize(self, state, opts):
+        lead = state[0].shape[:-2]
+        outs = []
+        if self.with_value:
+            outs.append(state[0].reshape(*lead, -1))
+        if self.with_index:
+            outs.append(state[1].reshape(*lead, -1))
+        return outs
+
+
+def _join(xp, rows):
+    """(..., 1, F) pieces into (..., n, F)."""
+    return xp.stack([r[..., 0, :] for r in rows], -2)
+
+
+def _kselect(name, keops_name, with_value, with_index, aliases=(), arg_variant=None):
+    register(type(keops_name.replace("_", ""), (_KSelect,), dict(
+        name=name, keops_name=keops_name, with_value=with_value, with_index=with_index,
+        aliases=aliases, arg_variant=arg_variant,
+        user_outputs=2 if with_value and with_index else 1,
+        gradient="gather" if with_value and with_index else None)))
+
+
+_kselect("kmin", "KMin", True, False, arg_variant="kmin_argkmin")
+_kselect("argkmin", "ArgKMin", False, True)
+_kselect("kmin_argkmin", "KMin_ArgKMin", True, True, aliases=("kminargkmin",))

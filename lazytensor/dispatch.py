@@ -1,0 +1,203 @@
+"""The call type and the low-level dispatch: one bound reduction, run on one backend.
+
+A :class:`ReductionCall` is a reduction over j of a formula whose variables are bound to
+arrays of known kinds: categories and dimensions, library, dtype, device, batch shape,
+N and M (a reduction over i is the same call with i and j exchanged). :func:`execute`
+runs it on canonical arrays with no autograd: through the NumPy reference, a CPU kernel
+or a CUDA kernel. What does not change from call to call (the kernel, its launch
+arguments, the outputs' shapes) is kept in the call's ``memo``, so that a call that comes
+back (the plans of :mod:`lazytensor.engine` keep them) only allocates and launches.
+
+>>> import numpy as np
+>>> from lazytensor.codegen import ir, ops
+>>> x, y = ir.var(0, 2, "i"), ir.var(1, 2, "j")
+>>> call = ReductionCall(ops.apply("sum", ops.apply("mul", x, y)), ("i", "j"), (2, 2), "sum",
+...                      (), "numpy", "numpy", "float64", "cpu", (), 3, 4)
+>>> execute(call, [np.ones((3, 2)), np.ones((4, 2))])[0][:, 0].tolist()
+[8.0, 8.0, 8.0]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import reference, runtime
+from .binding import is_torch
+from .codegen import ir, reductions
+from .codegen.render_c import VarSpec
+from .kernels import KernelSpec
+
+
+@dataclass(frozen=True, eq=False)
+class ReductionCall:
+    """A bound reduction over j: the formula, its variables' layout, options, sizes.
+
+    ``device_index`` is the GPU of a CUDA call. ``memo`` holds what is worked out once for
+    the call: its executor (kernel and launch for one layout of arrays), and the gradient
+    plans of :mod:`lazytensor.autograd` and :mod:`lazytensor.dual`.
+    """
+
+    formula: ir.Node
+    cats: tuple
+    dims: tuple
+    reduction: str
+    opts: tuple
+    backend: str
+    library: str
+    dtype: str
+    device: str
+    batch: tuple
+    N: int
+    M: int
+    device_index: int | None = None
+    memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    @property
+    def opts_dict(self) -> dict:
+        return dict(self.opts)
+
+    def outputs(self):
+        return reductions.get(self.reduction).outputs(self.formula.dim, self.opts_dict)
+
+    def with_formula(self, formula, cats, dims, reduction="sum", opts=(), axis=1):
+        """A new call on the same sizes (used by gradients); axis 0 swaps i and j."""
+        N, M = self.N, self.M
+        if axis == 0:
+            formula = ir.swap_ij(formula)
+            cats = tuple(ir.swap_cat(c) for c in cats)
+            N, M = M, N
+        return ReductionCall(formula, tuple(cats), tuple(dims), reduction, tuple(opts),
+                             self.backend, self.library, self.dtype, self.device, self.batch, N, M,
+                             self.device_index)
+
+    def spec(self) -> KernelSpec:
+        """The kernel of this call (everything static about it)."""
+        return KernelSpec(
+            self.formula,
+            tuple(VarSpec(k, d, c) for k, (d, c) in enumerate(zip(self.dims, self.cats))),
+            self.reduction, self.opts, self.dtype)
+
+
+def execute(call: ReductionCall, arrays: list) -> list:
+    """Outputs of ``call`` on canonical arrays (no autograd)."""
+    arrays = _contiguous(call, arrays)
+    shapes = tuple(a.shape for a in arrays)
+    hit = call.memo.get("executor")
+    if hit is None or hit[0] != shapes:
+        hit = call.memo["executor"] = (shapes, _executor(call, shapes))
+    return hit[1](arrays)
+
+
+def _contiguous(call: ReductionCall, arrays: list) -> list:
+    if call.backend == "numpy":
+        return arrays
+    if call.library == "torch":
+        return [a if a.is_contiguous() else a.detach().contiguous() for a in arrays]
+    return [np.ascontiguousarray(a) for a in arrays]
+
+
+def _executor(call: ReductionCall, shapes: tuple):
+    """A function of the arrays that allocates the outputs and runs the call."""
+    specs = _out_specs(call)
+    if call.backend == "numpy":
+        return lambda arrays: _run_reference(call, arrays, specs)
+    if call.backend == "cuda":
+        return _cuda_executor(call, specs)
+    if call.backend != "cpu":
+        raise ValueError(f"unknown backend {call.backend!r}")
+    launch = runtime.CpuLaunch(runtime.get_cpu_kernel(call.spec()), [tuple(s) for s in shapes],
+                               list(call.cats), call.batch, call.N, call.M)
+    return CpuExecutor(launch, specs, call.library == "torch")
+
+
+class CpuExecutor:
+    """A CPU kernel bound to one layout of its arrays: allocates the outputs and launches."""
+
+    __slots__ = ("empty", "launch", "ptr", "specs")
+
+    def __init__(self, launch: runtime.CpuLaunch, specs: list, torch_lib: bool):
+        self.launch, self.specs = launch, specs
+        if torch_lib:
+            import torch
+
+            self.empty, self.ptr = torch.empty, _torch_ptr
+        else:
+            self.empty, self.ptr = np.empty, _numpy_ptr
+
+    def __call__(self, arrays: list) -> list:
+        outs = [self.empty(shape, dtype=dt) for shape, dt in self.specs]
+        if self.launch.rows > 0:
+            self.launch(arrays, outs, self.ptr)
+        return outs
+
+
+def _cuda_executor(call: ReductionCall, specs: list):
+    from .cuda import kernels, launch  # imports pycuda, only for the GPU
+
+    spec = call.spec()
+    run_launch = launch.launch_cuda if call.library == "torch" else launch.launch_numpy
+    if call.library == "torch":
+        import torch
+
+        def alloc():
+            return [torch.empty(shape, dtype=dt, device=call.device) for shape, dt in specs]
+    else:
+        def alloc():
+            return [np.empty(shape, dtype=dt) for shape, dt in specs]
+
+    def run(arrays):
+        kernel = kernels.get_cuda_kernel(spec, call.device_index)
+        outs = alloc()
+        if call.N > 0 and all(s > 0 for s in call.batch):
+            run_launch(kernel, arrays, list(call.cats), call.batch, call.N, call.M, outs)
+        return outs
+
+    return run
+
+
+def _run_reference(call: ReductionCall, arrays: list, specs: list) -> list:
+    data = [a.detach().cpu().numpy() if is_torch(a) else a for a in arrays]
+    res = reference.reduce(call.formula, data, list(call.cats), call.batch, call.N, call.M,
+                           call.reduction, call.opts_dict)
+    outs = []
+    for r, (_, dt) in zip(res, specs):
+        if call.library == "torch":
+            import torch
+
+            outs.append(torch.from_numpy(r).to(dtype=dt, device=call.device))
+        else:
+            outs.append(r.astype(dt))
+    return outs
+
+
+def _torch_ptr(a) -> int:
+    return a.data_ptr()
+
+
+def _numpy_ptr(a) -> int:
+    return a.ctypes.data
+
+
+def _out_specs(call: ReductionCall) -> list:
+    """(shape, dtype) of each output, in the call's library."""
+    specs = []
+    for o in call.outputs():
+        shape = (*call.batch, call.N, o.dim)
+        if call.library == "torch":
+            import torch
+
+            specs.append((shape, getattr(torch, call.dtype) if o.kind == "value" else torch.int64))
+        else:
+            specs.append((shape, np.dtype(call.dtype if o.kind == "value" else np.int64)))
+    return specs
+
+
+def scalar_array(value: float, library: str, dtype: str, device: str):
+    """A Python number as a 1-element array of the call's library, dtype and device."""
+    if library == "torch":
+        import torch
+
+        return torch.full((1,), float(value), dtype=getattr(torch, dtype), device=device)
+    return np.full((1,), float(value), dtype=dtype)

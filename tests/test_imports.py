@@ -1,0 +1,138 @@
+"""The import graph of the package: no cycles, and dependencies that point one way.
+
+Every ``import`` of ``lazytensor/``, ``codegen/`` and ``cache/`` counts, at module level and
+inside functions alike (parsed with ``ast``, nothing is imported). ``codegen``
+(``lazytensor.codegen``) and ``cache`` (``lazytensor.cache``) import neither the rest of
+``lazytensor`` nor each other; ``lazytensor`` is where they meet.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = {"lazytensor": ROOT / "lazytensor", "lazytensor.codegen": ROOT / "codegen",
+            "lazytensor.cache": ROOT / "cache"}
+
+
+def _modules() -> dict:
+    """module name -> (path, is a package)."""
+    out = {}
+    for base, folder in PACKAGES.items():
+        for path in folder.rglob("*.py"):
+            parts = list(path.relative_to(folder).with_suffix("").parts)
+            is_pkg = parts[-1] == "__init__"
+            if is_pkg:
+                parts = parts[:-1]
+            out[".".join([base, *parts])] = (path, is_pkg)
+    return out
+
+
+def _resolve(name: str, modules: dict):
+    """The innermost of our modules that ``name`` (a dotted module path) falls in."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def import_graph() -> dict:
+    """module -> set of our modules it imports (anywhere in its code)."""
+    modules = _modules()
+    graph = {}
+    for name, (path, is_pkg) in modules.items():
+        package = name if is_pkg else name.rpartition(".")[0]
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package
+                    for _ in range(node.level - 1):
+                        base = base.rpartition(".")[0]
+                    base = f"{base}.{node.module}" if node.module else base
+                else:
+                    base = node.module or ""
+                # `from pkg import sub` imports the submodule pkg.sub when there is one
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                           for a in node.names]
+            for t in targets:
+                found = _resolve(t, modules)
+                if found is not None and found != name:
+                    edges.add(found)
+        graph[name] = edges
+    return graph
+
+
+def _cycles(graph: dict) -> list:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index, low, on_stack, stack, out = {}, {}, set(), [], []
+    counter = [0]
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter[0]
+                    counter[0] += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    top = stack.pop()
+                    on_stack.discard(top)
+                    component.append(top)
+                    if top == node:
+                        break
+                if len(component) > 1:
+                    out.append(sorted(component))
+    return out
+
+
+def _inside(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def test_the_graph_sees_the_imports():
+    graph = import_graph()
+    assert "lazytensor.codegen.ops" in graph["lazytensor.codegen.elementwise"]
+    assert "lazytensor.codegen.cpu.plan" in graph["lazytensor.codegen.cpu.kernel"]
+    assert "lazytensor.codegen.reductions.base" in graph["lazytensor.codegen.reductions.lse"]
+    assert "lazytensor.cache" in graph["lazytensor.kernels"]  # a function-level import
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_cycles():
+    cycles = _cycles(import_graph())
+    assert not cycles, "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+def test_codegen_and_cache_import_neither_lazytensor_nor_each_other():
+    bad = []
+    for name, edges in import_graph().items():
+        for own, others in (("lazytensor.codegen", ("lazytensor.cache",)),
+                            ("lazytensor.cache", ("lazytensor.codegen",))):
+            if not _inside(name, own):
+                continue
+            for e in edges:
+                if not _inside(e, own) or any(_inside(e, o) for o in others):
+                    bad.append(f"{name} imports {e}")
+    assert not bad, bad
