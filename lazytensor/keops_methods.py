@@ -18,6 +18,7 @@ attributes and no-op steps of pykeops that client code calls (``_shape``,
 from __future__ import annotations
 
 from .codegen import compositions, diff, ir, ops, parse, reductions
+from .method_docs import document_op_methods
 
 
 def _basis(dim: int, k: int) -> ir.Node:
@@ -33,6 +34,11 @@ def _sum_nodes(nodes: list) -> ir.Node:
 
 class KeOpsMethods:
     """The methods; :class:`~lazytensor.LazyTensor` inherits them."""
+
+    def __init_subclass__(cls, **kwargs):
+        # the methods that build one registered op take their docstring from its record
+        super().__init_subclass__(**kwargs)
+        document_op_methods(cls)
 
     # ------------------------------------------------------------------ attributes
 
