@@ -12,10 +12,10 @@ from __future__ import annotations
 import inspect
 
 import pytest
+from lazytensor.codegen import ops, reductions
 
 import lazytensor
 from lazytensor import LazyTensor
-from lazytensor.codegen import ops, reductions
 
 
 def _public_members(cls: type) -> dict:
