@@ -139,6 +139,14 @@ def _log(s):
 
 @register
 class LogSumExp(_LSEBase):
+    """``log Σ_j exp(f_ij)`` of a scalar formula, computed stably (``K.logsumexp(dim=1)``,
+    pykeops's ``LogSumExp``): ``(N, 1)``; -inf for an empty reduction.
+
+    >>> f = -np.array([[[0.0], [4.0]], [[1.0], [1.0]], [[9.0], [1.0]]])  # (N, M, 1) = (3, 2, 1)
+    >>> [out.round(4).tolist() for out in LogSumExp().ref(f, {})]
+    [[[0.0181], [-0.3069], [-0.9997]]]
+    """
+
     name = "logsumexp"
     keops_name = "LogSumExp"
     aliases = ("lse",)
@@ -172,6 +180,16 @@ class LogSumExp(_LSEBase):
 
 @register
 class LogSumExpWeight(_LSEBase):
+    """``log Σ_j exp(f_ij) w_j`` for the formula ``concat(f, w)``, f scalar and w of
+    dimension E (``K.logsumexp(dim=1, weight=w)``, pykeops's ``LogSumExp`` with a second
+    formula): ``(N, E)``.
+
+    >>> f = -np.array([[[0.0], [4.0]], [[1.0], [1.0]], [[9.0], [1.0]]])  # (N, M, 1) = (3, 2, 1)
+    >>> w = np.broadcast_to([[1.0], [2.0]], f.shape)
+    >>> [out.round(4).tolist() for out in LogSumExpWeight().ref(np.concatenate([f, w], -1), {})]
+    [[[0.036], [0.0986], [-0.3067]]]
+    """
+
     name = "logsumexp_weight"
     weighted = True
     gradient = "sum"
@@ -199,7 +217,17 @@ class LogSumExpWeight(_LSEBase):
 
 @register
 class SumSoftMaxWeight(_LSEBase):
-    """Σ_j softmax_j(f) w_j; also writes the log-sum-exp of f (second output, for gradients)."""
+    """Σ_j softmax_j(f) w_j; also writes the log-sum-exp of f (second output, for gradients).
+
+    The formula is ``concat(f, w)``, f scalar and w of dimension E
+    (``K.sumsoftmaxweight(w, dim=1)``): ``(N, E)``, NaN (0/0) for an empty reduction.
+
+    >>> f = -np.array([[[0.0], [4.0]], [[1.0], [1.0]], [[9.0], [1.0]]])  # (N, M, 1) = (3, 2, 1)
+    >>> w = np.broadcast_to([[1.0], [2.0]], f.shape)
+    >>> out, lse = SumSoftMaxWeight().ref(np.concatenate([f, w], -1), {})
+    >>> out.round(4).tolist()
+    [[1.018], [1.5], [1.9997]]
+    """
 
     name = "sumsoftmaxweight"
     keops_name = "SumSoftMaxWeight"
@@ -242,7 +270,15 @@ class SumSoftMaxWeight(_LSEBase):
 
 @register
 class MaxSumShiftExp(_LSEBase):
-    """(m, s) with m = max_j f and s = Σ_j exp(f - m): KeOps's Max_SumShiftExp."""
+    """(m, s) with m = max_j f and s = Σ_j exp(f - m): KeOps's Max_SumShiftExp.
+
+    One ``(N, 2)`` output, m and s side by side, for a scalar formula
+    (``K.max_sumshiftexp(dim=1)``); ``m + log(s)`` is the log-sum-exp.
+
+    >>> f = np.array([[[0.0], [4.0]], [[1.0], [1.0]], [[9.0], [1.0]]])  # (N, M, 1) = (3, 2, 1)
+    >>> [out.round(4).tolist() for out in MaxSumShiftExp().ref(f, {})]
+    [[[4.0, 1.0183], [1.0, 2.0], [9.0, 1.0003]]]
+    """
 
     name = "max_sumshiftexp"
     keops_name = "Max_SumShiftExp"

@@ -19,6 +19,16 @@ from .base import Output, Reduction, register, write_code
 
 @register
 class Sum(Reduction):
+    """``Σ_j f_ij`` per component (``K.sum(dim=1)``, ``K @ v``, pykeops's ``Sum``):
+    ``(N, F)``; 0 for an empty reduction. Accumulated in float64 unless ``dtype_acc``
+    says otherwise; differentiable (its gradient is a Sum).
+
+    >>> import numpy as np
+    >>> f = np.array([[[0.0], [4.0]], [[1.0], [1.0]], [[9.0], [1.0]]])  # (N, M, F) = (3, 2, 1)
+    >>> [out.tolist() for out in Sum().ref(f, {})]
+    [[[4.0], [2.0], [10.0]]]
+    """
+
     name = "sum"
     keops_name = "Sum"
     sum_type = True
