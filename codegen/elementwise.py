@@ -320,7 +320,7 @@ define("relu", 1, c=lambda dt, a: f"({a} < 0 ? (T)0 : {a})",
        method="relu", doc="max(a, 0) (relu(-inf) = 0)",
        example=_example("relu", (-1.0, 2.0), "[[0.0], [2.0]]"))
 define("abs", 1, c=_fn("fabs"), ref=_np("abs"), sympy_func="Abs",
-       derivs=lambda a: [apply("sign", a)], keops=("Abs",), method="abs", doc="absolute value |a|",
+       derivs=lambda a: [apply("sign", a)], keops=("Abs",), method="abs", doc="absolute value ``|a|``",
        example=_example("abs", (-1.0, 2.0), "[[1.0], [2.0]]"))
 define("min2", 2, c=lambda dt, a, b: _nan_guard(f"({a} <= {b} ? {a} : {b})", a, b),
        ref=_np("minimum"),
