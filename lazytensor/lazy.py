@@ -1253,7 +1253,7 @@ def _is_int(v) -> bool:
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
-def Vi(x: Array | Sequence[Sequence[float]] | int, label: str | int = "") -> LazyTensor:
+def Vi(x: Array | Sequence[Sequence[float]], label: str = "") -> LazyTensor:
     """An i-indexed variable from a 2D array (N, D) (or 1D (N,)): a LazyTensor of shape
     ``(N, 1, D)``.
 
@@ -1266,7 +1266,7 @@ def Vi(x: Array | Sequence[Sequence[float]] | int, label: str | int = "") -> Laz
     return LazyTensor(x, axis=0, label=label)
 
 
-def Vj(x: Array | Sequence[Sequence[float]] | int, label: str | int = "") -> LazyTensor:
+def Vj(x: Array | Sequence[Sequence[float]], label: str = "") -> LazyTensor:
     """A j-indexed variable from a 2D array (M, D) (or 1D (M,)): a LazyTensor of shape
     ``(1, M, D)``.
 
@@ -1279,7 +1279,7 @@ def Vj(x: Array | Sequence[Sequence[float]] | int, label: str | int = "") -> Laz
     return LazyTensor(x, axis=1, label=label)
 
 
-def Pm(x: Array | Sequence[float] | float, label: str | int = "") -> LazyTensor:
+def Pm(x: Array | Sequence[float] | float, label: str = "") -> LazyTensor:
     """A parameter from a number or a 1D array (D,): the same for every i and j.
 
     >>> x = Vi(np.array([[1.0, 2.0], [3.0, 4.0]]))
