@@ -320,7 +320,8 @@ define("relu", 1, c=lambda dt, a: f"({a} < 0 ? (T)0 : {a})",
        method="relu", doc="max(a, 0) (relu(-inf) = 0)",
        example=_example("relu", (-1.0, 2.0), "[[0.0], [2.0]]"))
 define("abs", 1, c=_fn("fabs"), ref=_np("abs"), sympy_func="Abs",
-       derivs=lambda a: [apply("sign", a)], keops=("Abs",), method="abs", doc="absolute value ``|a|``",
+       derivs=lambda a: [apply("sign", a)], keops=("Abs",), method="abs",
+       doc="absolute value ``|a|``",
        example=_example("abs", (-1.0, 2.0), "[[1.0], [2.0]]"))
 define("min2", 2, c=lambda dt, a, b: _nan_guard(f"({a} <= {b} ? {a} : {b})", a, b),
        ref=_np("minimum"),
@@ -389,7 +390,8 @@ for _name, _np_name, _what, _inputs, _outputs in (
            example=_example(_name, _inputs, _outputs))
 
 define("atan2", 2, sym=_sp("atan2"), c=_fn("atan2"), ref=_np("arctan2"), sympy_func="atan2",
-       keops=("Atan2",), method="atan2", doc="atan2(self, other), the angle of the point (other, self)",
+       keops=("Atan2",), method="atan2",
+       doc="atan2(self, other), the angle of the point (other, self)",
        example=_example2("y.atan2(x)", "[[0.0, 0.7854, 1.1071], [0.0, 0.4636, 0.7854]]"))
 define("tanh", 1, sym=_sp("tanh"), c=_fn("tanh"), ref=_np("tanh"), sympy_func="tanh",
        derivs=lambda a: [apply("sub", _c(1), apply("square", apply("tanh", a)))],
@@ -401,7 +403,8 @@ define("log1p", 1, sym=lambda a: _sp("log")(1 + a), c=_fn("log1p"), ref=_np("log
        example=_example("log1p", (0.0, 1.0), "[[0.0], [0.6931]]"))
 define("expm1", 1, sym=lambda a: _sp("exp")(a) - 1, c=_fn("expm1"), ref=_np("expm1"),
        derivs=lambda a: [apply("exp", a)], keops=("Expm1",), method="expm1",
-       doc="exp(a) - 1, accurate for small a", example=_example("expm1", (0.0, 1.0), "[[0.0], [1.7183]]"))
+       doc="exp(a) - 1, accurate for small a",
+       example=_example("expm1", (0.0, 1.0), "[[0.0], [1.7183]]"))
 define("square", 1, sym=lambda a: a * a, c=lambda dt, a: f"({a} * {a})",
        ref=lambda xp, t, p: t[0] * t[0], derivs=lambda a: [apply("mul", _c(2), a)],
        keops=("Square",), method="square", doc="a * a",

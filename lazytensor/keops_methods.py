@@ -135,8 +135,10 @@ class KeOpsMethods:
 
         >>> import numpy as np; from lazytensor import Vi, Vj
         >>> x, y = Vi(np.array([[1.0, 2.0]])), Vj(np.array([[0.0, 1.0]]))
-        >>> x.binary(y, "+", is_operator=True).dense().tolist(), x.binary(y, "SqDist").dense().tolist()
-        ([[[1.0, 3.0]]], [[2.0]])
+        >>> x.binary(y, "+", is_operator=True).dense().tolist()
+        [[[1.0, 3.0]]]
+        >>> x.binary(y, "SqDist").dense().tolist()
+        [[2.0]]
         """
         other = other if isinstance(other, type(self)) else self._operand(other)
         _check_dims(operation, dimcheck, [self.formula.dim, other.formula.dim])

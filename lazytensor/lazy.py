@@ -571,7 +571,8 @@ class LazyTensor(KeOpsMethods):
         [[1.0], [0.6366]]
         """
         return (self * np.pi).sinxdivx()
-    def atan2(self, other: LazyTensor | Array | float) -> LazyTensor: return self._op("atan2", other)
+    def atan2(self, other: LazyTensor | Array | float) -> LazyTensor:
+        return self._op("atan2", other)
 
     def round(self, d: int = 0) -> LazyTensor:
         """Round half away from zero, to ``d`` decimals, componentwise.
@@ -677,7 +678,8 @@ class LazyTensor(KeOpsMethods):
         return self._build(compositions.sqdist, other)
 
     def weightedsqnorm(self, s: LazyTensor | Array | float) -> LazyTensor:
-        """``Σ s_k x_k²`` (s of dim 1 or D) or ``xᵀ S x`` (s of dim D², row-major): dimension 1.
+        """``Σ s_k x_k²`` (s of dim 1 or D) or ``xᵀ S x`` (s of dim D², row-major), of
+        dimension 1.
 
         >>> x = Vi(np.array([[3.0, 4.0], [0.0, 2.0]]))
         >>> x.weightedsqnorm(Pm(np.array([1.0, 2.0]))).dense().tolist()
@@ -688,7 +690,8 @@ class LazyTensor(KeOpsMethods):
         s = s if isinstance(s, LazyTensor) else LazyTensor(s)
         return s._build(compositions.weightedsqnorm, self)
 
-    def weightedsqdist(self, other: LazyTensor | Array | float, s: LazyTensor | Array | float) -> LazyTensor:
+    def weightedsqdist(self, other: LazyTensor | Array | float,
+                       s: LazyTensor | Array | float) -> LazyTensor:
         """:meth:`weightedsqnorm` of ``self - other``: dimension 1.
 
         >>> x = Vi(np.array([[3.0, 4.0], [0.0, 2.0]]))
@@ -722,8 +725,8 @@ class LazyTensor(KeOpsMethods):
         """
         return self._build(lambda a, b: compositions.kron(a, b, dimfself, dimfother), other)
 
-    def keops_tensordot(self, other: LazyTensor | Array | float, dimfa: Sequence[int], dimfb: Sequence[int],
-                        contfa: Sequence[int], contfb: Sequence[int],
+    def keops_tensordot(self, other: LazyTensor | Array | float, dimfa: Sequence[int],
+                        dimfb: Sequence[int], contfa: Sequence[int], contfb: Sequence[int],
                         *args: Sequence[int]) -> LazyTensor:
         """``numpy.tensordot`` of two tensors stored row-major in the vector dimension.
 
@@ -823,9 +826,9 @@ class LazyTensor(KeOpsMethods):
             return out
         return result
 
-    def sum(self, dim: int | None = None, axis: int | None = None, backend: str = "auto", call: bool = True,
-            out: Array | None = None, grad_mode: str | None = None, ranges: Any = None,
-            **opts: Any) -> LazyTensor | Reduced:
+    def sum(self, dim: int | None = None, axis: int | None = None, backend: str = "auto",
+            call: bool = True, out: Array | None = None, grad_mode: str | None = None,
+            ranges: Any = None, **opts: Any) -> LazyTensor | Reduced:
         """Sum over i (dim=0) or j (dim=1); ``dim=-1`` sums the vector (symbolic).
 
         As in pykeops, ``sum()`` without dim is ``sum(-1)`` (``min``, ``max``, ``argmin`` and
@@ -924,7 +927,8 @@ class LazyTensor(KeOpsMethods):
         backend, opts, kw = split_reduction_keywords("argmax", backend, kw)
         return self._reduce("argmax", dim, axis, backend, opts, **kw)
 
-    def min_argmin(self, dim: int | None = None, axis: int | None = None, backend: str = "auto", **kw: Any) -> Reduced:
+    def min_argmin(self, dim: int | None = None, axis: int | None = None, backend: str = "auto",
+                   **kw: Any) -> Reduced:
         """``(min, argmin)`` over i or j in one pass: two arrays of shape ``(N, D)`` for
         ``dim=1`` (values, int64 indices), as :meth:`min` and :meth:`argmin`; the values are
         differentiable (through the indices).
@@ -937,7 +941,8 @@ class LazyTensor(KeOpsMethods):
         backend, opts, kw = split_reduction_keywords("min_argmin", backend, kw)
         return self._reduce("min_argmin", dim, axis, backend, opts, **kw)
 
-    def max_argmax(self, dim: int | None = None, axis: int | None = None, backend: str = "auto", **kw: Any) -> Reduced:
+    def max_argmax(self, dim: int | None = None, axis: int | None = None, backend: str = "auto",
+                   **kw: Any) -> Reduced:
         """``(max, argmax)`` over i or j in one pass, as :meth:`min_argmin`.
 
         >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
@@ -948,7 +953,8 @@ class LazyTensor(KeOpsMethods):
         backend, opts, kw = split_reduction_keywords("max_argmax", backend, kw)
         return self._reduce("max_argmax", dim, axis, backend, opts, **kw)
 
-    def Kmin(self, K: int, dim: int | None = None, axis: int | None = None, backend: str = "auto", **kw: Any) -> Reduced:
+    def Kmin(self, K: int, dim: int | None = None, axis: int | None = None, backend: str = "auto",
+             **kw: Any) -> Reduced:
         """The K smallest values over i or j, sorted, per component (shape (N, K) or
         (N, K, D)); NaN sorts last (as ``np.sort``), ties keep index order; K must be a
         positive integer at most the number of reduced points.
@@ -961,7 +967,8 @@ class LazyTensor(KeOpsMethods):
         backend, opts, kw = split_reduction_keywords("kmin", backend, kw, {"K": K})
         return self._reduce("kmin", dim, axis, backend, opts, **kw)
 
-    def argKmin(self, K: int, dim: int | None = None, axis: int | None = None, backend: str = "auto", **kw: Any) -> Reduced:
+    def argKmin(self, K: int, dim: int | None = None, axis: int | None = None,
+                backend: str = "auto", **kw: Any) -> Reduced:
         """Indices (int64) of the K smallest values, in the order of :meth:`Kmin`: shape
         ``(N, K)`` for ``dim=1`` (``(N, K, D)`` for D > 1), the K nearest neighbours of
         each i for a distance.
@@ -974,7 +981,8 @@ class LazyTensor(KeOpsMethods):
         backend, opts, kw = split_reduction_keywords("argkmin", backend, kw, {"K": K})
         return self._reduce("argkmin", dim, axis, backend, opts, **kw)
 
-    def Kmin_argKmin(self, K: int, dim: int | None = None, axis: int | None = None, backend: str = "auto", **kw: Any) -> Reduced:
+    def Kmin_argKmin(self, K: int, dim: int | None = None, axis: int | None = None,
+                     backend: str = "auto", **kw: Any) -> Reduced:
         """``(Kmin, argKmin)`` in one pass, as :meth:`Kmin` and :meth:`argKmin`.
 
         >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
@@ -985,9 +993,9 @@ class LazyTensor(KeOpsMethods):
         backend, opts, kw = split_reduction_keywords("kmin_argkmin", backend, kw, {"K": K})
         return self._reduce("kmin_argkmin", dim, axis, backend, opts, **kw)
 
-    def logsumexp(self, dim: int | None = None, axis: int | None = None, weight: LazyTensor | Array | float | None = None,
-                  backend: str = "auto", other: LazyTensor | Array | float | None = None,
-                  **kw: Any) -> Reduced:
+    def logsumexp(self, dim: int | None = None, axis: int | None = None,
+                  weight: LazyTensor | Array | float | None = None, backend: str = "auto",
+                  other: LazyTensor | Array | float | None = None, **kw: Any) -> Reduced:
         """``log Σ exp(self)`` (stable); with ``weight`` (or ``other``, as pykeops calls it):
         ``log Σ exp(self) * weight``.
 
@@ -1013,8 +1021,8 @@ class LazyTensor(KeOpsMethods):
         return self._with_weight(weight, "logsumexp")._reduce("logsumexp_weight", dim, axis,
                                                               backend, opts, **kw)
 
-    def sumsoftmaxweight(self, weight: LazyTensor | Array | float, dim: int | None = None, axis: int | None = None,
-                         backend: str = "auto", **kw: Any) -> Reduced:
+    def sumsoftmaxweight(self, weight: LazyTensor | Array | float, dim: int | None = None,
+                         axis: int | None = None, backend: str = "auto", **kw: Any) -> Reduced:
         """``Σ_j softmax_j(self) weight_j`` for a scalar formula ``self`` (NaN, i.e. 0/0, for
         an empty reduction): attention, with shape ``(N, E)`` for a weight of dimension E.
 
@@ -1034,7 +1042,8 @@ class LazyTensor(KeOpsMethods):
                              f"{self.formula.dim} (reduce it first, e.g. with .sum(-1))")
         return self.concat(weight)
 
-    def max_sumshiftexp(self, dim: int | None = None, axis: int | None = None, backend: str = "auto", **kw: Any) -> Reduced:
+    def max_sumshiftexp(self, dim: int | None = None, axis: int | None = None,
+                        backend: str = "auto", **kw: Any) -> Reduced:
         """``(m, s)`` with ``m = max_j f`` and ``s = Σ_j exp(f - m)`` for a scalar formula f,
         side by side: shape ``(N, 2)`` for ``dim=1`` (pykeops's ``Max_SumShiftExp``;
         ``m + log(s)`` is the log-sum-exp).
@@ -1081,7 +1090,8 @@ class LazyTensor(KeOpsMethods):
         """
         return self.max(self._index_dim(dim, axis, "max_reduction"), **kw)
 
-    def argmin_reduction(self, dim: int | None = None, axis: int | None = None, **kw: Any) -> Reduced:
+    def argmin_reduction(self, dim: int | None = None, axis: int | None = None, **kw: Any
+                         ) -> Reduced:
         """:meth:`argmin` over i (dim=0) or j (dim=1) (pykeops's name); always a reduction:
         ``dim=-1`` is an error, not the vector's argmin.
 
@@ -1092,7 +1102,8 @@ class LazyTensor(KeOpsMethods):
         """
         return self.argmin(self._index_dim(dim, axis, "argmin_reduction"), **kw)
 
-    def argmax_reduction(self, dim: int | None = None, axis: int | None = None, **kw: Any) -> Reduced:
+    def argmax_reduction(self, dim: int | None = None, axis: int | None = None, **kw: Any
+                         ) -> Reduced:
         """:meth:`argmax` over i (dim=0) or j (dim=1) (pykeops's name); always a reduction:
         ``dim=-1`` is an error, not the vector's argmax.
 

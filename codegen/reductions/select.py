@@ -384,4 +384,5 @@ ArgKMin = _kselect("argkmin", "ArgKMin", False, True, doc="""\
 KMinArgKMin = _kselect("kmin_argkmin", "KMin_ArgKMin", True, True, aliases=("kminargkmin",),
                        doc="""\
     ``(KMin, ArgKMin)`` in one pass (``K.Kmin_argKmin(K, dim=1)``); its gradient gathers
-    through the indices.""", result="[[[0.0, 4.0], [1.0, 1.0], [1.0, 9.0]], [[0, 1], [0, 1], [1, 0]]]")
+    through the indices.""",
+                       result="[[[0.0, 4.0], [1.0, 1.0], [1.0, 9.0]], [[0, 1], [0, 1], [1, 0]]]")
