@@ -21,11 +21,11 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import engine
-from .arraytypes import Array
 from .binding import Variable, array_dtype, is_torch
 from .codegen import ops, parse
 from .errors import ArgumentTypeError
 from .options import check_axis, gpu_options, keops_reduction, reduction_options
+from .typehints import Array
 
 
 class Genred:

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from .arraytypes import Array, Reduced
 from .codegen import compositions, diff, ir, ops, parse, reductions
 from .method_docs import document_op_methods
+from .typehints import Array, Reduced
 
 # the LazyTensor these methods are called on (and return): lazy.py imports this module
 Self = TypeVar("Self", bound="KeOpsMethods")

@@ -19,7 +19,6 @@ import numpy as np
 
 from . import engine, materialize
 from . import solve as linear_solve
-from .arraytypes import Array, Reduced
 from .binding import Variable, array_dtype, bind, is_torch
 from .cluster import swap_axes
 from .codegen import compositions, ir, ops
@@ -27,6 +26,7 @@ from .distributed import context as distributed_context
 from .errors import ArgumentTypeError
 from .keops_methods import KeOpsMethods
 from .options import split_reduction_keywords
+from .typehints import Array, Reduced
 
 
 def _interop():

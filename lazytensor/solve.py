@@ -25,12 +25,12 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import engine
-from .arraytypes import Array
 from .binding import Variable, bind, is_torch
 from .codegen import ir, ops, parse
 from .genred import bind_arguments
 from .options import IGNORED_OPTIONS, check_axis, keops_backend, reduction_options
 from .progress import IterationProgress
+from .typehints import Array
 
 
 @dataclass(frozen=True, eq=False)
