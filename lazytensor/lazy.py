@@ -15,11 +15,12 @@ import numbers
 
 import numpy as np
 
-from . import engine
+from . import complex_methods, engine
 from . import solve as linear_solve
 from .binding import Variable, array_dtype, bind, is_torch
 from .cluster import swap_axes
 from .codegen import compositions, ir, ops
+from .complex_methods import ComplexMethods, RealToComplexMethods, is_complex_operand
 from .distributed import context as distributed_context
 from .options import split_reduction_keywords
 
@@ -77,16 +78,22 @@ def _as_array(x):
     raise TypeError(f"LazyTensor cannot wrap an object of type {type(x).__name__}")
 
 
-class LazyTensor:
+class LazyTensor(RealToComplexMethods):
     """A symbolic array of shape ``(*batch, N, M, D)`` defined by a formula.
 
     Build leaves from arrays (``LazyTensor(x[:, None, :])``, ``Vi(x)``, ``Vj(y)``, ``Pm(p)``),
     combine them with arithmetic and math methods, and reduce with ``.sum(dim)``,
     ``.min(dim)``, ``.argKmin(K, dim)``, ``.logsumexp(dim)``, ``@`` ...
+    Complex data makes a :class:`ComplexLazyTensor`.
     """
 
     __array_priority__ = 1000  # numpy_array * LazyTensor -> LazyTensor.__rmul__
     ranges = None  # block-sparsity (see lazytensor.ranges), kept through operations
+
+    def __new__(cls, x=None, *args, **kwargs):
+        if cls is LazyTensor and x is not None and is_complex_operand(x):
+            cls = ComplexLazyTensor
+        return object.__new__(cls)
 
     def __init__(self, x=None, axis=None, *, _formula=None, _variables=None, label=""):
         if _formula is not None:
@@ -193,6 +200,10 @@ class LazyTensor:
     def _op(self, name, *others, params=()):
         """``name(self, *others)`` for a registered op (numbers and arrays become
         parameters, as in pykeops)."""
+        if others and any(is_complex_operand(o) for o in others):
+            if name in ("add", "sub", "mul", "div") and len(others) == 1:
+                return complex_methods.binary_op(name, self, others[0])
+            raise NotImplementedError(f"{name} of a real and a complex LazyTensor is not defined")
         return self._build(lambda *nodes: ops.apply(name, *nodes, params=params), *others)
 
     def _build(self, builder, *others):
@@ -200,6 +211,9 @@ class LazyTensor:
         nodes, such as the compositions of :mod:`lazytensor.codegen.compositions`), with
         the operands' variables merged."""
         operands = [o if isinstance(o, LazyTensor) else self._operand(o) for o in others]
+        if not self.is_complex and any(o.is_complex for o in operands):
+            raise NotImplementedError("this operation is not defined between real and complex "
+                                      "LazyTensors (+ - * / are; take .real, .imag or abs())")
         variables, nodes = list(self.variables), [self.formula]
         acc = LazyTensor._new(self.formula, variables)
         for o in operands:
@@ -867,3 +881,19 @@ def Pm(x, label: str = "") -> LazyTensor:
     if x.ndim == 0:
         x = x.reshape(1)
     return LazyTensor(x, axis=2, label=label)
+
+
+class ComplexLazyTensor(ComplexMethods, LazyTensor):
+    """A complex-valued LazyTensor, as pykeops's (see :mod:`lazytensor.complex_methods`):
+    ``LazyTensor`` of complex data, complex numbers and operations that give complex
+    values make one.
+
+    >>> z = LazyTensor(np.exp(1j * np.random.rand(1, 5, 1)))
+    >>> bool(np.abs((abs(z) - 1).sum(dim=1)).max() < 1e-12)
+    True
+    """
+
+    _real_type = LazyTensor
+
+
+LazyTensor._complex_type = ComplexLazyTensor
