@@ -33,9 +33,22 @@ from .codegen.linearize import GradientPlan, plan_gradient_sum
 from .dispatch import ReductionCall, execute
 from .transforms import gathered_values, reduction_jvp, vmap_rule
 
+_is_wrapped = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", None)
+
 
 class KernelReduction(torch.autograd.Function):
     """``outputs = reduction(call)(*tensors)``, differentiable to any order."""
+
+    @classmethod
+    def apply(cls, *args):
+        # torch's Function.apply binds the arguments to forward's signature with inspect
+        # (~70 us a call, as much as a small reduction) when setup_context is defined.
+        # forward has no defaults to bind: outside torch.func transforms (and without
+        # tensors left over from one) the C entry point takes the arguments as they are.
+        if _is_wrapped is None or torch._C._are_functorch_transforms_active() or any(
+                _is_wrapped(a) for a in args[1:]):
+            return super().apply(*args)
+        return _C_APPLY(*args)
 
     @staticmethod
     def forward(call: ReductionCall, *tensors):
@@ -69,6 +82,10 @@ class KernelReduction(torch.autograd.Function):
         inputs, outs = list(saved[: ctx.n_in]), list(saved[ctx.n_in:])
         needs = ctx.needs_input_grad[1:]
         return (None, *reduction_vjp(ctx.call, inputs, outs, list(grads), needs))
+
+
+# The C entry point that torch's Function.apply ends in (bound to KernelReduction).
+_C_APPLY = super(torch.autograd.Function, KernelReduction).apply
 
 
 @dataclass(frozen=True)
