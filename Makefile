@@ -5,7 +5,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYCUDA := $(VENV)/.pycuda
 
-.PHONY: demo test test-cuda test-distributed bench gpu-check lint clean
+.PHONY: demo test test-cuda test-distributed test-compat bench gpu-check lint clean tutorials \
+	tutorials-save docs
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +25,7 @@ demo: $(STAMP)
 # emulator in tests/cuda_emulator through pycuda built against its fake driver: slower, so
 # a target of their own. Without nvcc they are skipped, saying why.
 test: $(STAMP)
+	@echo "make test: the suite takes about 10 minutes on 2 cores; skipped groups are summarized at the end"
 	$(PY) -m pytest -q -p no:cacheprovider -m "not cuda and not distributed" tests
 
 test-cuda: $(PYCUDA)
@@ -38,11 +40,35 @@ $(PYCUDA): $(STAMP) tools/build_pycuda.py
 test-distributed: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m distributed tests
 
+# The pykeops drop-in alone (also part of `make test`): pykeops's own test files through the
+# alias, the alias and the API it needs, geomloss and GPyTorch on lazytensor.
+test-compat: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -rx tests/test_compat_pykeops.py tests/test_keops_api.py \
+		tests/test_pykeops_suite.py tests/test_clients.py
+
 bench: $(STAMP)
 	$(PY) -m benchmarks.bench
 
 gpu-check: $(PYCUDA)
 	$(PY) -m tools.gpu_check
+
+# Every tutorial notebook in a fresh kernel with an empty kernel cache; fails on an error cell.
+tutorials: $(STAMP)
+	$(PY) -m tools.tutorials
+
+# The same, saving the outputs and figures into the notebooks (to commit them).
+tutorials-save: $(STAMP)
+	$(PY) -m tools.tutorials --write
+
+DOCS_STAMP := $(VENV)/.docs-installed
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+# The API reference, built from the docstrings; fails on a broken cross-reference.
+docs: $(DOCS_STAMP)
+	$(PY) -m sphinx -b html -W -n --keep-going -q docs docs/_build/html
+	@echo "API reference: docs/_build/html/index.html"
 
 lint: $(STAMP)
 	$(PY) -m pip install -q ruff

@@ -123,7 +123,7 @@ class Plan:
     apply: Callable | None = None
     run_call: ReductionCall | None = None
     dual_slots: tuple = ()
-    scalars: dict = field(default_factory=dict)  # value -> 1-element array
+    scalars: dict = field(default_factory=dict)  # float.hex(value) -> 1-element array
 
     def run(self, variables: list):
         """The outputs of the reduction on ``variables`` (of the kinds it was prepared for)."""
@@ -143,12 +143,14 @@ class Plan:
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def _scalar(self, value: float):
-        a = self.scalars.get(value)
+        # keyed by the bits: -0.0 == 0.0 (and hashes alike) but atan2, 1/x, copysign tell them apart
+        key = float(value).hex()
+        a = self.scalars.get(key)
         if a is None:
             if len(self.scalars) >= 16:
                 self.scalars.clear()
             call = self.call
-            a = self.scalars[value] = scalar_array(value, call.library, call.dtype, call.device)
+            a = self.scalars[key] = scalar_array(value, call.library, call.dtype, call.device)
         return a
 
 

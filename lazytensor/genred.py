@@ -22,7 +22,8 @@ import numpy as np
 from . import engine
 from .binding import Variable, array_dtype, is_torch
 from .codegen import ops, parse
-from .options import check_axis, genred_reduction, gpu_options, reduction_options
+from .errors import ArgumentTypeError
+from .options import check_axis, gpu_options, keops_reduction, reduction_options
 
 
 class Genred:
@@ -49,7 +50,7 @@ class Genred:
                  formula2=None, dtype_acc="auto", use_double_acc=False, sum_scheme="auto",
                  enable_chunks=True, rec_multVar_highdim=None, use_fast_math=None, cuda_type=None):
         check_axis(axis)
-        self.reduction, self.opts = genred_reduction(reduction_op, opt_arg, formula2)
+        self.reduction, self.opts = keops_reduction(reduction_op, opt_arg, formula2)
         self.opts.update(gpu_options("auto", None, use_fast_math)[1])
         scope = parse.Scope(aliases)
         node = scope.parse(formula)
@@ -93,22 +94,37 @@ def bind_arguments(decls, args) -> list:
     """Canonical :class:`Variable` objects for the call's arrays, checked against the aliases."""
     if len(args) != len(decls):
         names = ", ".join(d.describe() for d in decls)
-        raise TypeError(f"expected {len(decls)} arrays ({names}), got {len(args)}")
-    return [_bind_one(d, a, k) for k, (d, a) in enumerate(zip(decls, args))]
+        raise ArgumentTypeError(f"expected {len(decls)} arrays ({names}), got {len(args)}")
+    bound = [_bind_one(d, a, k) for k, (d, a) in enumerate(zip(decls, args))]
+    return _drop_unit_parameter_batches(bound)
+
+
+def _drop_unit_parameter_batches(variables: list) -> list:
+    """A parameter of shape ``(1, D)`` (or ``(1, 1, D)``) with unbatched variables is a
+    ``(D,)`` parameter, as in pykeops (whose batch dimensions are ``max(ndim) - 2``):
+    Falkon passes its kernel parameters as ``(1, 1)`` tensors."""
+    nb = max((len(v.batch) for v in variables if v.cat != "p" and not v.is_scalar), default=0)
+    out = []
+    for v in variables:
+        extra = len(v.batch) - nb
+        if v.cat == "p" and not v.is_scalar and extra > 0 and all(b == 1 for b in v.batch[:extra]):
+            v = Variable(v.data.reshape(v.data.shape[extra:]), "p", v.dim, v.label)
+        out.append(v)
+    return out
 
 
 def _bind_one(decl, x, k):
     what = f"argument {k} ({decl.describe()})"
     if isinstance(x, numbers.Number) and not isinstance(x, bool):
         if decl.cat != "p" or decl.dim != 1:
-            raise TypeError(f"{what}: got a number, expected an array")
+            raise ArgumentTypeError(f"{what}: got a number, expected an array")
         return Variable(float(x), "p", 1, decl.name or "")
     if isinstance(x, (list, tuple)):
         x = np.asarray(x, dtype=np.float64)
     if not (is_torch(x) or isinstance(x, np.ndarray)):
-        raise TypeError(f"{what}: expected a NumPy array or a torch tensor, got {type(x).__name__}")
+        raise ArgumentTypeError(f"{what}: expected a NumPy array or a torch tensor, got {type(x).__name__}")
     if array_dtype(x) in ("float16", "bfloat16"):
-        raise TypeError(f"{what}: got {array_dtype(x)} data of shape {tuple(x.shape)}; expected "
+        raise ArgumentTypeError(f"{what}: got {array_dtype(x)} data of shape {tuple(x.shape)}; expected "
                         "float32 or float64 (pykeops supports half precision on GPUs only): "
                         "convert with .float() / .astype(np.float32)")
     if decl.cat == "p":

@@ -11,18 +11,28 @@
 
 from __future__ import annotations
 
+import importlib
 import numbers
 
 import numpy as np
 
-from . import complex_methods, engine
+from . import complex_methods, engine, materialize
 from . import solve as linear_solve
 from .binding import Variable, array_dtype, bind, is_torch
 from .cluster import swap_axes
 from .codegen import compositions, ir, ops
 from .complex_methods import ComplexMethods, RealToComplexMethods, is_complex_operand
 from .distributed import context as distributed_context
+from .errors import ArgumentTypeError
+from .keops_methods import KeOpsMethods
 from .options import split_reduction_keywords
+
+
+def _interop():
+    """:mod:`lazytensor.interop`, loaded by name on first use: it sits above this module (its
+    rules build LazyTensors and subclass it), so this module names it instead of importing
+    it, and the import graph keeps one direction."""
+    return importlib.import_module(f"{__package__}.interop")
 
 
 def _canonical(x, axis):
@@ -74,11 +84,11 @@ def _as_array(x):
         try:
             return np.asarray(x, dtype=np.float64)
         except (TypeError, ValueError) as e:
-            raise TypeError(f"LazyTensor cannot convert a {type(x).__name__} to a float64 array: {e}") from None
-    raise TypeError(f"LazyTensor cannot wrap an object of type {type(x).__name__}")
+            raise ArgumentTypeError(f"LazyTensor cannot convert a {type(x).__name__} to a float64 array: {e}") from None
+    raise ArgumentTypeError(f"LazyTensor cannot wrap an object of type {type(x).__name__}")
 
 
-class LazyTensor(RealToComplexMethods):
+class LazyTensor(KeOpsMethods, RealToComplexMethods):
     """A symbolic array of shape ``(*batch, N, M, D)`` defined by a formula.
 
     Build leaves from arrays (``LazyTensor(x[:, None, :])``, ``Vi(x)``, ``Vj(y)``, ``Pm(p)``),
@@ -116,7 +126,7 @@ class LazyTensor(RealToComplexMethods):
         if dim < 1:
             raise ValueError(f"LazyTensor got shape {tuple(x.shape)}: the vector dimension is 0")
         if data.is_complex() if is_torch(data) else np.iscomplexobj(data):
-            raise TypeError(f"LazyTensor got complex data (shape {tuple(x.shape)}, dtype "
+            raise ArgumentTypeError(f"LazyTensor got complex data (shape {tuple(x.shape)}, dtype "
                             f"{array_dtype(data)}); expected float32 or float64")
         _check_not_half(x if hasattr(x, "shape") else data, "LazyTensor got")
         self.formula = ir.var(0, dim, cat)
@@ -175,6 +185,39 @@ class LazyTensor(RealToComplexMethods):
 
     def __repr__(self) -> str:
         return f"LazyTensor({ir.to_text(self.formula)}, {len(self.variables)} variables)"
+
+    # ------------------------------------------------------------------ NumPy and torch
+    # np.exp(K), np.sum(K, axis=1), torch.logsumexp(K, dim=1), t + K ... (lazytensor.interop).
+    # No implicit dense copy: np.asarray(K), and torch.as_tensor(K) through len(K), refuse.
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        return _interop().array_ufunc(ufunc, method, inputs, kwargs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        return _interop().array_function(func, types, args, kwargs)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return _interop().torch_function(func, types, args, kwargs)
+
+    def __array__(self, dtype=None, copy=None):
+        materialize.refuse_implicit(self, "np.asarray(K) / np.array(K)")
+
+    def __len__(self):
+        materialize.refuse_implicit(self, "len(K) / torch.as_tensor(K) / torch.tensor(K)")
+
+    def __bool__(self) -> bool:  # truthy as any object (Python would ask __len__ otherwise)
+        return True
+
+    def dense(self, max_bytes: int = materialize.DEFAULT_MAX_BYTES):
+        """The dense array of shape ``K.shape`` (chunked; differentiable for torch data), for
+        small problems and debugging; refuses above ``max_bytes`` (default 256 MiB).
+
+        >>> x = np.random.rand(4, 2)
+        >>> Vi(x).sqdist(Vj(x)).dense().shape
+        (4, 4)
+        """
+        return materialize.dense(self, max_bytes)
 
     def _merged(self, other: LazyTensor):
         """Variables of both operands (shared ones once) and ``other``'s formula renumbered."""
@@ -278,16 +321,23 @@ class LazyTensor(RealToComplexMethods):
     __hash__ = object.__hash__
 
     def __pow__(self, p):
-        """``x ** p``: static int/float exponents (0.5 -> sqrt, -0.5 -> rsqrt), or a formula."""
+        """``x ** p``: static int/float exponents (0.5 -> sqrt, -0.5 -> rsqrt, which is 0 at 0
+        as in pykeops), or a formula (:meth:`powf`)."""
         if isinstance(p, numbers.Number) and not isinstance(p, bool):
             return self._build(lambda f: compositions.power(f, p))
         return self.powf(p)
 
     def __rpow__(self, base):
-        return LazyTensor(base)._build(compositions.powf, self)
+        return self._operand(base)._build(compositions.powf, self)
 
     def powf(self, p):
-        """``self ** p`` for a formula exponent: ``exp(log(self) p)``."""
+        """``self ** p`` for a formula exponent, as C ``pow``: for a negative base and an
+        integer-valued exponent, the signed power (NaN for other exponents).
+
+        >>> x, p = np.array([[-2.0], [3.0]]), np.array([[3.0]])
+        >>> Vi(x).powf(Vj(p)).sum(1)[:, 0].tolist()
+        [-8.0, 27.0]
+        """
         return self._build(compositions.powf, p)
 
     def __or__(self, o):
@@ -311,7 +361,7 @@ class LazyTensor(RealToComplexMethods):
         if self.formula.dim != 1:
             raise ValueError(f"K @ v needs a scalar formula K, got dimension {self.formula.dim}")
         if isinstance(v, LazyTensor):
-            raise TypeError("K @ v takes an array v of shape (M, E), not a LazyTensor")
+            raise ArgumentTypeError("K @ v takes an array v of shape (M, E), not a LazyTensor")
         v = _as_array(v)
         if v.ndim == 0:
             raise ValueError("K @ v needs v of shape (M,) or (M, E) (or (*batch, M, E)), got a 0D array")
@@ -509,6 +559,11 @@ class LazyTensor(RealToComplexMethods):
 
         ``dimfself`` and ``dimfother`` are their shapes (same number of axes); the result
         has shape ``(d0*e0, d1*e1, ...)``, flattened row-major, as ``numpy.kron``.
+
+        >>> a, b = np.random.rand(4, 6), np.random.rand(5, 4)
+        >>> k = Vi(a).keops_kron(Vj(b), (2, 3), (2, 2)).sum(1)
+        >>> np.allclose(k[0], sum(np.kron(a[0].reshape(2, 3), c.reshape(2, 2)).ravel() for c in b))
+        True
         """
         return self._build(lambda a, b: compositions.kron(a, b, dimfself, dimfother), other)
 
@@ -516,10 +571,18 @@ class LazyTensor(RealToComplexMethods):
         """``numpy.tensordot`` of two tensors stored row-major in the vector dimension.
 
         ``dimfa``/``dimfb`` are their shapes, ``contfa``/``contfb`` the axes contracted
-        together; the result holds the free axes of ``self`` then those of ``other``.
+        together; the result holds the free axes of ``self`` then those of ``other``, moved
+        by the optional permutation as in pykeops (axis ``k`` goes to ``perm[k]``).
+
+        >>> a, b = np.random.rand(3, 6), np.random.rand(1, 12)
+        >>> t = Vi(a).keops_tensordot(Vj(b), (2, 3), (3, 4), (1,), (0,), (1, 0)).sum(1)
+        >>> np.allclose(t[0], (a[0].reshape(2, 3) @ b[0].reshape(3, 4)).T.ravel())
+        True
         """
+        if len(args) > 1:
+            raise ValueError(f"keops_tensordot takes one permutation after contfb, got {args!r}")
         return self._build(
-            lambda a, b: compositions.tensordot(a, b, dimfa, dimfb, contfa, contfb), other)
+            lambda a, b: compositions.tensordot(a, b, dimfa, dimfb, contfa, contfb, *args), other)
 
     def difference_matrix(self, other):
         """``(x_k - y_l)`` for all k, l: an (D1*D2)-vector (row-major)."""
@@ -684,8 +747,9 @@ class LazyTensor(RealToComplexMethods):
         backend, opts, kw = split_reduction_keywords("kmin_argkmin", backend, kw, {"K": K})
         return self._reduce("kmin_argkmin", dim, axis, backend, opts, **kw)
 
-    def logsumexp(self, dim=None, axis=None, weight=None, backend="auto", **kw):
-        """``log Σ exp(self)`` (stable); with ``weight``: ``log Σ exp(self) * weight``.
+    def logsumexp(self, dim=None, axis=None, weight=None, backend="auto", other=None, **kw):
+        """``log Σ exp(self)`` (stable); with ``weight`` (or ``other``, as pykeops calls it):
+        ``log Σ exp(self) * weight``.
 
         An empty reduction (or all terms -inf) gives -inf; a NaN term gives NaN.
 
@@ -693,6 +757,10 @@ class LazyTensor(RealToComplexMethods):
         >>> (Vi(x) | Vj(y)).logsumexp(dim=1, weight=Vj(np.ones((6, 3)))).shape
         (5, 3)
         """
+        if other is not None:
+            if weight is not None:
+                raise ValueError("logsumexp: give the weight once, as weight= or as other=")
+            weight = other
         if weight is None:
             backend, opts, kw = split_reduction_keywords("logsumexp", backend, kw)
             return self._reduce("logsumexp", dim, axis, backend, opts, **kw)
@@ -810,7 +878,7 @@ def _check_not_half(data, what: str):
     """A clear error for float16/bfloat16 data (the binding's message is about integers)."""
     dt = array_dtype(data)
     if dt in ("float16", "bfloat16"):
-        raise TypeError(f"{what} {dt} data (shape {tuple(data.shape)}); expected float32 or "
+        raise ArgumentTypeError(f"{what} {dt} data (shape {tuple(data.shape)}); expected float32 or "
                         "float64 (pykeops supports half precision on GPUs only): convert with "
                         ".float() / .astype(np.float32)")
 

@@ -13,7 +13,7 @@
 
 >>> reduction_options("sum", use_double_acc=True, sum_scheme="kahan_scheme")
 {'dtype_acc': 'float64', 'sum_scheme': 'kahan_scheme'}
->>> genred_reduction("ArgKMin", 5, None), keops_backend("GPU_2D")
+>>> keops_reduction("ArgKMin", 5), keops_backend("GPU_2D")
 (('argkmin', {'K': 5}), 'cuda')
 """
 
@@ -121,9 +121,14 @@ def reduction_options(reduction: str, dtype_acc="auto", use_double_acc=False,
     return opts
 
 
-def genred_reduction(reduction_op: str, opt_arg, formula2) -> tuple[str, dict]:
-    """``(reduction name, options)`` of ``Genred``'s ``reduction_op`` (a pykeops name, any
-    case, ``_Reduction`` suffix allowed), ``opt_arg`` (K) and ``formula2`` (weights)."""
+def keops_reduction(reduction_op: str, opt_arg=None, formula2=None) -> tuple[str, dict]:
+    """``(our reduction name, options)`` for a pykeops reduction name (any case,
+    ``_Reduction`` suffix allowed: "Sum", "ArgKMin" with ``opt_arg`` K, "LogSumExp" with
+    weights ``formula2`` ...), read from the reduction registry.
+
+    >>> keops_reduction("ArgKMin", 3)
+    ('argkmin', {'K': 3})
+    """
     if not isinstance(reduction_op, str):
         raise TypeError(f"reduction_op must be a string, got {type(reduction_op).__name__}")
     key = reduction_op.lower().removesuffix("_reduction")

@@ -47,6 +47,7 @@ SPECIAL = {
     "matvec": lambda: A("matvec", MAT, X),
     "vecmat": lambda: A("vecmat", X, MAT),
     "tensorprod": lambda: A("tensorprod", X, Y),
+    "matmul": lambda: A("matmul", MAT, X, params=(3,)),
     "gather": lambda: A("gather", A("mul", X, Y), params=((2, 0, 0, 1),)),
     "scatter": lambda: A("scatter", A("sub", X, Y), params=((3, 0, 3), 5)),
 }
