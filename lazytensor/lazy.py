@@ -16,7 +16,7 @@ import numbers
 
 import numpy as np
 
-from . import complex_methods, engine, materialize
+from . import complex_methods, engine, half, materialize
 from . import solve as linear_solve
 from .binding import Variable, array_dtype, bind, is_torch
 from .cluster import swap_axes
@@ -128,9 +128,11 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
         if data.is_complex() if is_torch(data) else np.iscomplexobj(data):
             raise ArgumentTypeError(f"LazyTensor got complex data (shape {tuple(x.shape)}, dtype "
                             f"{array_dtype(data)}); expected float32 or float64")
-        _check_not_half(x if hasattr(x, "shape") else data, "LazyTensor got")
+        io_dtype = half.half_dtype(data)
+        if io_dtype:  # computed in float32, returned in this dtype (lazytensor.half)
+            data = half.to_compute(data)
         self.formula = ir.var(0, dim, cat)
-        self.variables = [Variable(data, cat, dim, label)]
+        self.variables = [Variable(data, cat, dim, label, io_dtype)]
 
     # ------------------------------------------------------------------ structure
 
@@ -180,7 +182,7 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
     def dtype(self):
         for v in self.variables:
             if not v.is_scalar:
-                return v.data.dtype
+                return half.dtype_object(v.data, v.io_dtype) if v.io_dtype else v.data.dtype
         return None
 
     def __repr__(self) -> str:
@@ -627,6 +629,7 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
         axis_ = self._axis(dim, axis, reduction)
         opts = dict(opts or {})
         ranges = self.ranges if ranges is None else ranges
+        io_dtype = half.output_dtype(self.variables)
         sharding = distributed_context.active(group)
         if sharding is not None:  # over the ranks of a process group (lazytensor.distributed)
             if ranges is not None:
@@ -656,6 +659,8 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
             return run
         result = run_reduction(self.formula, self.variables, reduction, axis_, opts, backend,
                                grad_mode)
+        if io_dtype:
+            result = half.cast_outputs(result, io_dtype)
         if out is not None:
             _copy_into(out, result)
             return out
@@ -872,15 +877,6 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
 
     def rmatmat(self, v):
         return self.T @ _cast_like(v, self.dtype)
-
-
-def _check_not_half(data, what: str):
-    """A clear error for float16/bfloat16 data (the binding's message is about integers)."""
-    dt = array_dtype(data)
-    if dt in ("float16", "bfloat16"):
-        raise ArgumentTypeError(f"{what} {dt} data (shape {tuple(data.shape)}); expected float32 or "
-                        "float64 (pykeops supports half precision on GPUs only): convert with "
-                        ".float() / .astype(np.float32)")
 
 
 def _cast_like(v, dtype):
