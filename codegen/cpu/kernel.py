@@ -57,6 +57,11 @@ L2_CHUNK_BYTES = 262144  # staged j-data of one chunk, reused by every row block
 # must stay in L2 next to the row block: half of the smallest common L2 (256 KB). The same
 # speed as 256 KB where L2 is 2 MB (measured, D = 256).
 DOT_CHUNK_BYTES = 131072
+# Sums add the terms of several tiles lane by lane before summing the lanes (a float sum
+# of LANE_TERMS / TJ terms per lane, then of the TJ lanes, then into the wide accumulator):
+# one pass over the tile buffer per 2048 terms instead of per tile, whose serial sums were
+# a quarter of the instructions of a 4-component sum (fused gradient of a Gaussian, D = 3).
+LANE_TERMS = 2048
 MAX_ROWS_PER_ITEM = 256  # rows of a work item (fewer when N is small or Acc is large)
 
 
@@ -69,11 +74,17 @@ def tile_size(F: int, dtype: str) -> int:
     return tj
 
 
-def _row_block(L: Layout, F: int, R: int, after_tile: str = "") -> str:
+def _row_block(L: Layout, F: int, R: int, after_tile: str = "", lanes: int = 0) -> str:
     """``lt_rows``: rows [i0, i1) against columns [jb, je) into ``accs`` (``after_tile``:
-    a statement run after each ``Acc::tile``, see :mod:`lazytensor.codegen.render_wide`)."""
+    a statement run after each ``Acc::tile``, see :mod:`lazytensor.codegen.cpu.wide`).
+
+    ``lanes`` > 0 (a sum, one row per block): the pair loop adds its terms into ``fb``
+    lane by lane, and ``Acc::tile`` sums the lanes once every ``lanes`` tiles (and at the
+    end of a chunk) instead of once per tile."""
     ptr_args = ", ".join(f"const T* __restrict__ P{v.index}" for v in L.orig)
     decl = [f"  alignas(64) T fb[{F} * TJ];"]
+    if lanes:
+        decl.append(f"  for (int q = 0; q < {F} * TJ; ++q) fb[q] = 0;")
     nrv = L.n_row_values
     # The work buffer: the chunk's staged and packed j-data; with dot products, also the
     # item's rows, packed once (not once per chunk) in blocks of R, their norms and their
@@ -186,6 +197,15 @@ def _row_block(L: Layout, F: int, R: int, after_tile: str = "") -> str:
             accs[i - i0].push(o, j0 + jj);
           }}"""
     else:
+        if lanes:
+            store = "fb[k * TJ + jj] += o[k]"
+            hand_over = f"""          if ((j0 - c0) / TJ % {lanes} == {lanes - 1} || j0 + TJ >= c1) {{
+            accs[i - i0].tile(fb, TJ, j0);
+            for (int q = 0; q < {F} * TJ; ++q) fb[q] = 0;
+          }}"""
+        else:
+            store = "fb[k * TJ + jj] = o[k]"
+            hand_over = f"          accs[i - i0].tile(fb, nj, j0);{after_tile}"
         pair_loop = f"""          // GCC ivdep, not omp simd: omp simd privatizes the local arrays before inlining
           // and then fails to vectorize; with ivdep they are scalarized and it vectorizes.
           #pragma GCC ivdep
@@ -193,9 +213,9 @@ def _row_block(L: Layout, F: int, R: int, after_tile: str = "") -> str:
 {nl.join(jloads)}
             T o[{F}];
             lt_formula({", ".join(call)}, o);
-            for (int k = 0; k < {F}; ++k) fb[k * TJ + jj] = o[k];
+            for (int k = 0; k < {F}; ++k) {store};
           }}
-          accs[i - i0].tile(fb, nj, j0);{after_tile}"""
+{hand_over}"""
     return f"""
 // Rows [i0, i1) against columns [jb, je), chunk by chunk. Returns 1 when out of memory.
 static int lt_rows({ptr_args}, int64_t i0, int64_t i1, int64_t jb, int64_t je, Acc* accs) {{
@@ -292,7 +312,10 @@ def _render(formula, var_specs, reduction, opts, dtype, dot_tiling, lin=None) ->
         src.append(dot_kernel(D))
     for D in sorted({d.dim for d in L.dots if d.kind == "sqdist"}):
         src.append(sqdist_fix(D))
-    src.append(_row_block(L, F, R, "" if lin is None else "\n          " + wide_call(lin)))
+    lanes = 0
+    if lin is None and not L.dots and not L.wide and reductions.get(reduction).lanes_add(opts):
+        lanes = max(1, LANE_TERMS // tj)
+    src.append(_row_block(L, F, R, "" if lin is None else "\n          " + wide_call(lin), lanes))
     # With dot products each work item packs all its columns once: below 4 row blocks
     # per item that packing costs more than a third of the products, so fewer, larger
     # items are worth some imbalance between threads.

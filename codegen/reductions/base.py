@@ -10,7 +10,7 @@ take ``F = concat(f, w)`` with ``f`` scalar) and carries:
   dtype rule :meth:`Reduction.acc_dtype`);
 - its C hooks: :meth:`Reduction.acc_code` emits ``struct Acc`` with ``init``,
   ``push(f, j)``, ``tile(fb, nj, j0)`` (a tile of terms ``fb[c*TJ + jj]``, the CPU fast
-  path), ``merge`` (two partial accumulators) and ``write`` (one row's outputs);
+  path; :meth:`Reduction.lanes_add` when tiles may be added lane by lane first), ``merge`` (two partial accumulators) and ``write`` (one row's outputs);
 - its reference at array level: :meth:`Reduction.partial` (the state of the
   accumulator over a range of j), :meth:`Reduction.merge` (two states over disjoint
   ranges of j, NumPy or torch), :meth:`Reduction.finalize` (the outputs) and
@@ -94,6 +94,12 @@ class Reduction:
     def acc_code(self, F: int, opts: dict) -> str:
         """C++ of ``struct Acc`` (uses typedefs T, TA and the constant TJ)."""
         raise NotImplementedError
+
+    def lanes_add(self, opts: dict) -> bool:
+        """Whether ``Acc::tile`` only sums its terms (in T, then into TA): the CPU pair loop
+        may then add several tiles lane by lane into one buffer (``fb[k*TJ + jj] +=``)
+        and hand that buffer to ``tile`` once for all of them."""
+        return False
 
     # ------------------------------------------------------------------ array level
 

@@ -1,6 +1,6 @@
 """The Sum reduction: Σ_j F, accumulated in float64 unless ``dtype_acc`` says otherwise.
 
-Sum schemes (pykeops's ``sum_scheme``): ``block_sum`` (default: each tile of j summed in T,
+Sum schemes (pykeops's ``sum_scheme``): ``block_sum`` (default: blocks of j summed in T,
 then added to the TA accumulator), ``direct_sum`` (every term added to the accumulator)
 and ``kahan_scheme`` (compensated). Its gradient is a Sum of the VJP formula, its dual
 form a Sum of the formula and its tangents side by side.
@@ -51,6 +51,9 @@ struct Acc {{
   LT_HD LT_INLINE void merge(const Acc& o) {{ for (int k = 0; k < {F}; ++k) {{ const TA x = o.s[k] - o.c[k]; {add.replace("(TA)(x)", "x")} }} }}
   LT_HD LT_INLINE void write(void* const* outs, int64_t row) const {{ {write_code(0, "value", F, "(T)(s[k] - c[k])")} }}
 }};"""
+
+    def lanes_add(self, opts):
+        return opts.get("sum_scheme", "block_sum") == "block_sum"
 
     def partial(self, values, opts, j0=0):
         return [values.sum(axis=-2)]
