@@ -143,6 +143,27 @@ def simplify(root: ir.Node) -> ir.Node:
     return ir.rebuild(root, _rewrite)
 
 
+def simplify_step(node: ir.Node, args: tuple) -> ir.Node:
+    """``node`` with its (already simplified) ``args``, folded and simplified at the top
+    only: the step :func:`simplify` applies to every node, for other rewrites to reuse.
+
+    >>> x = ir.var(0, 2, "i")
+    >>> simplify_step(ir.make("add", (x, ir.const([0.0, 0.0])), (), 2), (x, ir.const([0.0, 0.0]))) is x
+    True
+    """
+    return _rewrite(node, args)
+
+
+def slice_of(x: ir.Node, start: int, length: int) -> ir.Node:
+    """``slice(x, start, length)``, pushed into concatenations, pads and elementwise ops.
+
+    >>> a, b = ir.var(0, 2, "i"), ir.var(1, 3, "j")
+    >>> slice_of(ir.make("concat", (a, b), (), 5), 2, 3) is b
+    True
+    """
+    return _slice(x, start, length)
+
+
 def distribute_dots(formula: ir.Node, min_dim: int, max_dim: int) -> ir.Node:
     """``⟨A, B ± C⟩`` -> ``⟨A, B⟩ ± ⟨A, C⟩`` for dimensions in ``[min_dim, max_dim]`` when A
     is on one side (i or j) and B, C on different ones: gradients of softmax-weighted sums
