@@ -49,13 +49,15 @@ def _canonical(x, axis):
             f"LazyTensor got a 2D array of shape {tuple(x.shape)}: say which index it follows with "
             "LazyTensor(x, axis=0) (i) or axis=1 (j), or reshape it to (N, 1, D) / (1, M, D)"
         )
+    # squeeze, not x[..., 0, :]: its gradient is a view, where a select's gradient
+    # fills an array of zeros and copies into it (two passes over the input per backward)
     a, b = x.shape[-3], x.shape[-2]
     if b == 1:
         if a == 1:
-            return x[..., 0, 0, :], "p"
-        return x[..., :, 0, :], "i"
+            return x.squeeze(-2).squeeze(-2), "p"
+        return x.squeeze(-2), "i"
     if a == 1:
-        return x[..., 0, :, :], "j"
+        return x.squeeze(-3), "j"
     raise ValueError(
         f"LazyTensor got shape {tuple(x.shape)}: the last three dimensions must be (N, 1, D) for an "
         "i-variable, (1, M, D) for a j-variable or (1, 1, D) for a parameter"
