@@ -102,7 +102,7 @@ def _rewrite(node: ir.Node, args: tuple) -> ir.Node:
     return ir.make(op, args, node.params, node.dim)
 
 
-_SLICE_THROUGH = ("add", "sub", "mul", "div", "neg")  # elementwise: slicing commutes
+SLICE_THROUGH = ("add", "sub", "mul", "div", "neg")  # elementwise: slicing commutes
 
 
 def _slice(x: ir.Node, start: int, length: int, depth: int = 0) -> ir.Node:
@@ -129,7 +129,7 @@ def _slice(x: ir.Node, start: int, length: int, depth: int = 0) -> ir.Node:
                 return ir.const([0.0] * length)
         if op == "expand":
             return _fit(x.args[0], length)
-        if op in _SLICE_THROUGH:
+        if op in SLICE_THROUGH:
             parts = tuple(a if a.dim == 1 else _slice(a, start, length, depth + 1) for a in x.args)
             new = ir.make(op, parts, x.params, length)
             return _rewrite(new, parts)

@@ -32,7 +32,7 @@ from collections import Counter
 
 from . import diff, ir
 from .ops import apply
-from .simplify import simplify, simplify_step, slice_of
+from .simplify import SLICE_THROUGH, simplify, simplify_step, slice_of
 
 
 def _one_hot(node: ir.Node):
@@ -169,11 +169,26 @@ def _shared(t: ir.Node, products: list):
     return scale, _product(parts, t.dim)
 
 
+def _forward_components(F: ir.Node) -> dict:
+    """{component pushed through its ops: slice of the forward's node} for the vector
+    nodes of F built elementwise (``sub(slice(x, c), slice(y, c))`` is ``(x - y)[c]``,
+    which the pair loop already holds)."""
+    out = {}
+    for n in ir.topo_order(F):
+        if n.dim > 1 and n.op in SLICE_THROUGH:
+            for c in range(n.dim):
+                pushed = slice_of(n, c, 1)
+                if pushed.op != "slice":
+                    out.setdefault(pushed, ir.make("slice", (n,), (c, 1), 1))
+    return out
+
+
 def fused_tangents(F: ir.Node, tangents: list) -> tuple:
     """``(unique, uses)``: the distinct tangent formulas to sum, and for each tangent
     ``(index into unique, scale)`` (index -1: the tangent is 0) so that tangent k is
     ``scale * unique[index]``."""
     products = _products(F)
+    components = _forward_components(F)
     unique: list = []
     where: dict = {}
     uses = []
@@ -183,6 +198,8 @@ def fused_tangents(F: ir.Node, tangents: list) -> tuple:
             uses.append((-1, 0.0))
             continue
         scale, node = _shared(t, products)
+        if components:
+            node = ir.substitute(node, components)
         if node not in where:
             where[node] = len(unique)
             unique.append(node)
