@@ -14,7 +14,8 @@ repeat products the forward already formed. :func:`fused_tangents` returns inste
 - **one column per distinct tangent**: tangents equal up to their scale are summed once
   (``∂u/∂x_c`` for ``u = Σ_k x_k - y_k`` is the same for every c);
 - **shared products**: a tangent that is a product of factors reuses the largest product
-  of the forward formula among them (``b · e^{-d} · (x - y)_c`` is ``F · (x - y)_c``).
+  of the forward formula among them (``b · e^{-d} · (x - y)_c`` is ``F · (x - y)_c``);
+- **shared components**: ``x_c - y_c`` is read as component c of the forward's ``x - y``.
 
 Products are re-associated, so a tangent can differ from its unshared form by a few ulps.
 
@@ -23,7 +24,7 @@ Products are re-associated, so a tangent can differ from its unshared form by a 
 >>> F = ops.apply("exp", ops.apply("neg", ops.apply("sum", ops.apply("square", ops.apply("sub", x, y)))))
 >>> unique, uses = fused_tangents(F, [basis_jvp(F, x, c) for c in range(3)])
 >>> [scale for _, scale in uses], ir.to_text(unique[0])
-([-2.0, -2.0, -2.0], 'mul(sub(slice(Vi(0,3), 0, 1), slice(Vj(1,3), 0, 1)), exp(neg(sum(square(sub(Vi(0,3), Vj(1,3)))))))')
+([-2.0, -2.0, -2.0], 'mul(slice(sub(Vi(0,3), Vj(1,3)), 0, 1), exp(neg(sum(square(sub(Vi(0,3), Vj(1,3)))))))')
 """
 
 from __future__ import annotations
