@@ -50,7 +50,7 @@ from .gemm import dot_kernel, dot_micro, sqdist_fix
 from .layout import Layout, stage_chunk
 from .plan import plan_cpu
 from .simd import cpu_renames, prelude_defs, vector_header
-from .wide import wide_acc_code, wide_call, wide_softmax_acc_code, wide_sum
+from .wide import wide_acc_code, wide_block_call, wide_call, wide_softmax_acc_code, wide_sum
 
 L2_CHUNK_BYTES = 262144  # staged j-data of one chunk, reused by every row block of an item
 # With dot products every micro-kernel call streams its panel from the chunk, so the chunk
@@ -74,15 +74,19 @@ def tile_size(F: int, dtype: str) -> int:
     return tj
 
 
-def _row_block(L: Layout, F: int, R: int, after_tile: str = "", lanes: int = 0) -> str:
+def _row_block(L: Layout, F: int, R: int, after_tile: str = "", lanes: int = 0,
+               after_rows: str = "") -> str:
     """``lt_rows``: rows [i0, i1) against columns [jb, je) into ``accs`` (``after_tile``:
     a statement run after each ``Acc::tile``, see :mod:`lazytensor.codegen.cpu.wide`).
+
+    ``after_rows``: a statement run once the block's rows have their tiles (each row its
+    own tile buffer ``fb + r * F * TJ``), for the weighted sums of several rows at once.
 
     ``lanes`` > 0 (a sum, one row per block): the pair loop adds its terms into ``fb``
     lane by lane, and ``Acc::tile`` sums the lanes once every ``lanes`` tiles (and at the
     end of a chunk) instead of once per tile."""
     ptr_args = ", ".join(f"const T* __restrict__ P{v.index}" for v in L.orig)
-    decl = [f"  alignas(64) T fb[{F} * TJ];"]
+    decl = [f"  alignas(64) T fb[{R if after_rows else 1} * {F} * TJ];"]
     if lanes:
         decl.append(f"  for (int q = 0; q < {F} * TJ; ++q) fb[q] = 0;")
     nrv = L.n_row_values
@@ -187,6 +191,9 @@ def _row_block(L: Layout, F: int, R: int, after_tile: str = "", lanes: int = 0) 
         else:  # a j-variable of dimension 1 (or one the formula does not read): in place
             jloads.append(f"            const T* y{k} = P{k} + (j0 + jj) * {v.dim};")
             call.append(f"y{k}")
+    if after_rows:
+        row_ptrs.append(f"          T* const fbr = fb + (size_t)r * {F} * TJ;")
+    fbuf = "fbr" if after_rows else "fb"
     if L.wide:
         # Vectors wider than WIDE: one pair at a time, each op of the formula a loop that
         # vectorizes along the vector, and the reduction's push (also a vector loop).
@@ -204,8 +211,8 @@ def _row_block(L: Layout, F: int, R: int, after_tile: str = "", lanes: int = 0) 
             for (int q = 0; q < {F} * TJ; ++q) fb[q] = 0;
           }}"""
         else:
-            store = "fb[k * TJ + jj] = o[k]"
-            hand_over = f"          accs[i - i0].tile(fb, nj, j0);{after_tile}"
+            store = f"{fbuf}[k * TJ + jj] = o[k]"
+            hand_over = f"          accs[i - i0].tile({fbuf}, nj, j0);{after_tile}"
         pair_loop = f"""          // GCC ivdep, not omp simd: omp simd privatizes the local arrays before inlining
           // and then fails to vectorize; with ivdep they are scalarized and it vectorizes.
           #pragma GCC ivdep
@@ -240,7 +247,7 @@ static int lt_rows({ptr_args}, int64_t i0, int64_t i1, int64_t jb, int64_t je, A
           const int64_t i = ig + r;
 {nl.join(row_ptrs)}
 {pair_loop}
-        }}
+        }}{after_rows}
       }}
     }}
   }}
@@ -315,7 +322,11 @@ def _render(formula, var_specs, reduction, opts, dtype, dot_tiling, lin=None) ->
     lanes = 0
     if lin is None and not L.dots and not L.wide and reductions.get(reduction).lanes_add(opts):
         lanes = max(1, LANE_TERMS // tj)
-    src.append(_row_block(L, F, R, "" if lin is None else "\n          " + wide_call(lin), lanes))
+    if lin is not None and L.dots and reductions.get(reduction).wide == "sum":
+        # several rows' weights against each tile of B at once (wide.lt_wblock)
+        src.append(_row_block(L, F, R, after_rows="\n        " + wide_block_call(lin, f"{F} * TJ")))
+    else:
+        src.append(_row_block(L, F, R, "" if lin is None else "\n          " + wide_call(lin), lanes))
     # With dot products each work item packs all its columns once: below 4 row blocks
     # per item that packing costs more than a third of the products, so fewer, larger
     # items are worth some imbalance between threads.
