@@ -1,6 +1,6 @@
 """Benchmarks: this engine against dense torch, pykeops (when importable) and a roofline.
 
-``python -m benchmarks.bench [--suite core|grad|cpu|all] [--quick] [--write BENCHMARKS.md]``
+``python -m benchmarks.bench [--suite core|grad|cpu|dual|gpytorch|all] [--quick] [--write BENCHMARKS.md]``
 
 Method. Every table row runs its contenders in turns, one call each per round, the
 order rotating from round to round, so that a machine whose speed drifts (other jobs, a
@@ -715,7 +715,8 @@ def machine() -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--suite", choices=("core", "grad", "cpu", "all"), default="core")
+    p.add_argument("--suite", choices=("core", "grad", "cpu", "dual", "gpytorch", "all"),
+                   default="core")
     p.add_argument("--quick", action="store_true", help="small sizes, few rounds")
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--budget", type=float, default=None, help="seconds a contender call may take")
@@ -750,6 +751,14 @@ def main(argv=None) -> int:
         gsizes = [1000, 4000] if quick else [1000, 4000, 10_000, 30_000]
         tables.append(grad_table(3, gsizes, args))
         tables.append(grad_table(64, gsizes, args))
+    if args.suite in ("dual", "all"):
+        from .bench_dual import dual_table
+
+        tables.append(dual_table(args, 4000 if quick else 20000))
+    if args.suite in ("gpytorch", "all"):
+        from .gpytorch_shapes import gpytorch_table
+
+        tables.append(gpytorch_table(args))
     if args.write:
         words = list(argv if argv is not None else sys.argv[1:])
         words = ["FILE" if w == args.write else w.replace(args.write, "FILE") for w in words]
