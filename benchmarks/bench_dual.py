@@ -4,7 +4,8 @@ Cases: (a) Gaussian kernel D=3, gradient w.r.t. x; (b) a formula with data-depen
 branches, an HM-LSTM-like gate ``ifelse(z - 0.5, sigmoid(u), tanh(u)) * v`` summed over j;
 (c) the tangent count k = 1..16 (x of dimension k) to locate the crossover where the
 fused forward stops paying. Contenders alternate round by round; each figure is the
-median over rounds, ratios are medians of per-round ratios.
+median over rounds, ratios are medians of per-round ratios. Cases (a) and (b) are also the
+table of ``python -m benchmarks.bench --suite dual`` (:func:`dual_table`).
 """
 
 from __future__ import annotations
