@@ -227,7 +227,7 @@ def _row_block(L: Layout, F: int, R: int, after_tile: str = "", lanes: int = 0,
             # Whole vectors of pairs add into F vector accumulators kept in registers
             # across the tile, the rest into fb; the accumulators then join fb's first
             # lanes. fb's load, add and store per term were a fifth of a fused gradient's
-            # time (Gaussian D = 3: 8.6 -> 7.9 ms, the forward 6.3 -> 6.1 ms). LT_ROUNDED:
+            # time (Gaussian D = 3, AVX-512: 8.6 -> 8.3 ms, 7.9 without LT_ROUNDED). LT_ROUNDED:
             # each term rounded before it is added, in every kernel alike (GCC would
             # contract a last product into the sum where nothing else reads it: a fused
             # forward would then differ from the plain one in the last bits).
