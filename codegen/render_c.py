@@ -39,6 +39,19 @@ LT_HD LT_INLINE double lt_exp(double x) { return exp(x); }
 """
 
 
+# A value rounded to its type: where the compiler may not contract a product into the
+# addition that follows (FMA), so that the value is the same as where it was stored
+# (nvcc, whose fast math folds x + 0, never merges __fadd_rn into a multiply-add).
+_ROUNDED = """#ifdef __CUDA_ARCH__
+__device__ LT_INLINE float lt_rounded(float x) { return __fadd_rn(x, 0.0f); }
+__device__ LT_INLINE double lt_rounded(double x) { return __dadd_rn(x, 0.0); }
+#else
+LT_INLINE float lt_rounded(float x) { return x + 0.0f; }
+LT_INLINE double lt_rounded(double x) { return x + 0.0; }
+#endif
+"""
+
+
 def prelude(dtype: str, acc_dtype: str, backend_defs: str | None = None) -> str:
     """Headers, ``LT_HD`` / ``LT_INLINE``, the types ``T`` (data) and ``TA`` (accumulator),
     then ``backend_defs`` (default: a plain ``lt_exp``)."""
@@ -57,7 +70,7 @@ def prelude(dtype: str, acc_dtype: str, backend_defs: str | None = None) -> str:
 #endif
 typedef {t} T;
 typedef {ta} TA;
-{_GENERIC_EXP if backend_defs is None else backend_defs}"""
+{_ROUNDED}{_GENERIC_EXP if backend_defs is None else backend_defs}"""
 
 
 def render_function(name: str, roots: list, var_specs: list, dtype: str,

@@ -54,11 +54,13 @@ class KernelReduction(torch.autograd.Function):
 @dataclass(frozen=True)
 class SideGradient:
     """The gradients of the inputs ``slots`` of one side (i-variables and parameters: a
-    Sum over j; j-variables: over i), as one Sum of their concatenated cotangents."""
+    Sum over j; j-variables: over i), as one Sum of their concatenated cotangents;
+    ``normalized``: one more component, the sum of the softmax weights, divides them."""
 
     slots: tuple
     call: ReductionCall  # the Sum the kernel runs (after the gradient plan)
     plan: GradientPlan | None  # None on the NumPy backend: the formula as it is
+    normalized: bool = False
 
 
 @dataclass(frozen=True)
@@ -88,17 +90,22 @@ def _vjp_plan(call: ReductionCall, needs: tuple, aux: bool) -> VjpPlan:
     g_var = ir.var(len(cats) - 1, G.dim, "i")
     wanted = [k for k in range(n_in) if needs[k]]
     xs = {k: ir.var(k, call.dims[k], call.cats[k]) for k in wanted}
-    cot = diff.vjp(G, list(xs.values()), g_var)
     sum_opts = tuple((k, v) for k, v in call.opts if k in reductions.get("sum").options)
     sides = []
     for side, axis in ((("i", "p"), 1), (("j",), 0)):
         ks = tuple(k for k in wanted if call.cats[k] in side)
         if not ks:
             continue
-        sub = call.with_formula(concat([cot[xs[k]] for k in ks]), cats, dims, "sum", sum_opts,
-                                axis=axis)
+        # i-side gradients of softmax-weighted reductions are normalized by the weights'
+        # own sum (Reduction.normalizer), whose limit at +inf they follow; the j-side sums
+        # over i the weights of rows it cannot normalize: plain exp(f - lse) there.
+        weight = red.normalizer(call.formula, saved_vars) if axis == 1 else None
+        G = red.vjp_formula(call.formula, saved_vars, aux, limits=weight is not None)
+        cot = diff.vjp(G, [xs[k] for k in ks], g_var)
+        parts = [cot[xs[k]] for k in ks] + ([weight] if weight is not None else [])
+        sub = call.with_formula(concat(parts), cats, dims, "sum", sum_opts, axis=axis)
         if sub.backend == "numpy":
-            sides.append(SideGradient(ks, sub, None))
+            sides.append(SideGradient(ks, sub, None, weight is not None))
             continue
         plan = plan_gradient_sum(sub.formula, len(sub.cats))
         run = ReductionCall(plan.split.G if plan.split else plan.formula,
@@ -106,7 +113,7 @@ def _vjp_plan(call: ReductionCall, needs: tuple, aux: bool) -> VjpPlan:
                             sub.dims + tuple(n.dim for n in plan.hoisted), "sum", sub.opts,
                             sub.backend, sub.library, sub.dtype, sub.device, sub.batch,
                             sub.N, sub.M)
-        sides.append(SideGradient(ks, run, plan))
+        sides.append(SideGradient(ks, run, plan, weight is not None))
     return VjpPlan(tuple(sides))
 
 
@@ -131,6 +138,9 @@ def reduction_vjp(call, inputs, outs, grads, needs) -> list:
     result = [None] * len(inputs)
     for side in plan.sides:
         total = _side_sum(side, args)
+        if side.normalized:  # Σ_j e C / Σ_j e; no term at all (M = 0): the plain sum, 0
+            weights = total[..., -1:]
+            total = total[..., :-1] / torch.where(weights == 0, torch.ones_like(weights), weights)
         offset = 0
         for k in side.slots:
             d = call.dims[k]

@@ -49,6 +49,7 @@ SPECIAL = {
     "tensorprod": lambda: A("tensorprod", X, Y),
     "gather": lambda: A("gather", A("mul", X, Y), params=((2, 0, 0, 1),)),
     "scatter": lambda: A("scatter", A("sub", X, Y), params=((3, 0, 3), 5)),
+    "softmax_weight": lambda: A("softmax_weight", A("sub", X, Y), P, params=(True,)),
 }
 
 
