@@ -66,5 +66,6 @@ struct Acc {{
 
     def dual_outputs(self, outs, F):
         out, J = outs[0][..., :F], outs[0][..., F:]
-        return out, J.reshape(*J.shape[:-1], -1, F)
+        # k = J's width / F, explicit: with no rows at all, -1 would be ambiguous
+        return out, J.reshape(*J.shape[:-1], J.shape[-1] // F, F)
 
