@@ -20,7 +20,7 @@ import numbers
 import numpy as np
 
 from . import engine
-from .binding import Variable, array_dtype, is_torch
+from .binding import Variable, array_dtype, copy_into, is_torch
 from .codegen import ops, parse
 from .options import check_axis, genred_reduction, keops_backend, reduction_options
 
@@ -78,11 +78,7 @@ class Genred:
             result = engine.reduce(self.formula, variables, self.reduction, self.axis, self.opts,
                                    str(backend).lower())
         if out is not None:
-            if is_torch(out):
-                out.copy_(result)
-            else:
-                np.copyto(out, result)
-            return out
+            return copy_into(out, result)
         return result
 
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from . import engine
 from . import solve as linear_solve
-from .binding import Variable, array_dtype, bind, is_torch
+from .binding import Variable, array_dtype, bind, copy_into, is_torch
 from .cluster import swap_axes
 from .codegen import compositions, ir, ops
 from .options import split_reduction_keywords
@@ -452,7 +452,7 @@ class LazyTensor:
         return self._build(compositions.mod, modulus, offset)
 
     def one_hot(self, D: int):
-        return self._op("one_hot", params=(int(D),))
+        return self._op("one_hot", params=(D,))
 
     def sqnorm2(self):
         return self._build(compositions.sqnorm2)
@@ -570,8 +570,7 @@ class LazyTensor:
         result = run_reduction(self.formula, self.variables, reduction, axis_, opts, backend,
                                grad_mode)
         if out is not None:
-            _copy_into(out, result)
-            return out
+            return copy_into(out, result)
         return result
 
     def sum(self, dim=None, axis=None, backend="auto", call=True, out=None, grad_mode=None,
@@ -808,13 +807,6 @@ def _describe_operand(lt: LazyTensor) -> str:
     text = f"{ir.to_text(lt.formula, limit=60)} of dimension {lt.formula.dim}"
     arrays = [v.describe() for v in lt.variables if not v.is_scalar]
     return f"{text} ({', '.join(arrays)})" if arrays else text
-
-
-def _copy_into(out, result):
-    if is_torch(out):
-        out.copy_(result)
-    else:
-        np.copyto(out, result)
 
 
 def _symbolic(call: str, dim, helper: str):
