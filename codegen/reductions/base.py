@@ -128,6 +128,10 @@ class Reduction:
             f"the {self.name} reduction has no gradient (use logsumexp / min_argmin instead)")
 
     vjp_saves = 0
+    # The saved output (an index into ``outputs``) that is the log-sum-exp of the formula's
+    # first component, in whose softmax weights exp(f - lse) the j-side gradients use
+    # instead the row maximum and the sum of exp(f - max) (see lazytensor.autograd).
+    lse_output: int | None = None
 
     def normalizer(self, F: ir.Node, saved: list) -> ir.Node | None:
         """For softmax-weighted gradients, the weight ``e_ij`` whose sum over j is 1 by

@@ -145,6 +145,7 @@ class LogSumExp(_LSEBase):
     weighted_variant = "logsumexp_weight"
     gradient = "sum"
     fusable = True
+    lse_output = 0
 
     def outputs(self, F, opts):
         return [Output(1, "value", float("-inf"))]
@@ -212,6 +213,7 @@ class SumSoftMaxWeight(_LSEBase):
     gradient = "sum"
     wide = "softmax"
     vjp_saves = 2
+    lse_output = 1
 
     def outputs(self, F, opts):
         return [Output(F - 1, "value", float("nan")), Output(1, "value", float("-inf"))]
