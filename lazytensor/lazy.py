@@ -18,7 +18,7 @@ import numpy as np
 
 from . import complex_methods, engine, half, materialize
 from . import solve as linear_solve
-from .binding import Variable, array_dtype, bind, is_torch
+from .binding import Variable, array_dtype, bind, copy_into, is_torch
 from .cluster import swap_axes
 from .codegen import compositions, ir, ops
 from .complex_methods import ComplexMethods, RealToComplexMethods, is_complex_operand
@@ -521,7 +521,7 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
         return self._build(compositions.mod, modulus, offset)
 
     def one_hot(self, D: int):
-        return self._op("one_hot", params=(int(D),))
+        return self._op("one_hot", params=(D,))
 
     def sqnorm2(self):
         return self._build(compositions.sqnorm2)
@@ -664,8 +664,7 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
         if io_dtype:
             result = half.cast_outputs(result, io_dtype)
         if out is not None:
-            _copy_into(out, result)
-            return out
+            return copy_into(out, result)
         return result
 
     def sum(self, dim=None, axis=None, backend="auto", call=True, out=None, grad_mode=None,
@@ -901,13 +900,6 @@ def _describe_operand(lt: LazyTensor) -> str:
     text = f"{ir.to_text(lt.formula, limit=60)} of dimension {lt.formula.dim}"
     arrays = [v.describe() for v in lt.variables if not v.is_scalar]
     return f"{text} ({', '.join(arrays)})" if arrays else text
-
-
-def _copy_into(out, result):
-    if is_torch(out):
-        out.copy_(result)
-    else:
-        np.copyto(out, result)
 
 
 def _symbolic(call: str, dim, helper: str):

@@ -44,13 +44,16 @@ True
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .. import reductions
-from ..linearize import wide_sum
+from ..footprint import FUNCTION_STACK_BYTES, Storage, check_dims, function_footprint
+from ..linearize import Linear, wide_sum
 from ..render_c import prelude, render_formula, render_function, render_shared
 from .gemm import dot_kernel, dot_micro, sqdist_fix
 from .layout import Layout, stage_chunk
-from .plan import plan_cpu
-from .simd import cpu_renames, prelude_defs, vector_header
+from .plan import CpuPlan, plan_cpu
+from .simd import cpu_renames, heap_defs, prelude_defs, vector_header
 from .wide import wide_acc_code, wide_block_call, wide_call, wide_softmax_acc_code
 
 L2_CHUNK_BYTES = 262144  # staged j-data of one chunk, reused by every row block of an item
@@ -64,6 +67,8 @@ DOT_CHUNK_BYTES = 131072
 # a quarter of the instructions of a 4-component sum (fused gradient of a Gaussian, D = 3).
 LANE_TERMS = 2048
 MAX_ROWS_PER_ITEM = 256  # rows of a work item (fewer when N is small or Acc is large)
+# Node values: the largest in the per-thread heap (simd.heap_defs), arrays aligned for AVX.
+CPU_STORAGE = Storage("lt_heap.p", 64)
 
 
 def tile_size(F: int, dtype: str) -> int:
@@ -76,7 +81,7 @@ def tile_size(F: int, dtype: str) -> int:
 
 
 def _row_block(L: Layout, F: int, R: int, after_tile: str = "", lanes: int = 0,
-               after_rows: str = "") -> str:
+               after_rows: str = "", heap_len: int = 0) -> str:
     """``lt_rows``: rows [i0, i1) against columns [jb, je) into ``accs`` (``after_tile``:
     a statement run after each ``Acc::tile``, see :mod:`lazytensor.codegen.cpu.wide`).
 
@@ -85,11 +90,14 @@ def _row_block(L: Layout, F: int, R: int, after_tile: str = "", lanes: int = 0,
 
     ``lanes`` > 0 (a sum, one row per block): the pair loop adds its terms into ``fb``
     lane by lane, and ``Acc::tile`` sums the lanes once every ``lanes`` tiles (and at the
-    end of a chunk) instead of once per tile."""
+    end of a chunk) instead of once per tile. ``heap_len``: values of the per-thread heap
+    buffer the formula functions use."""
     ptr_args = ", ".join(f"const T* __restrict__ P{v.index}" for v in L.orig)
     decl = [f"  alignas(64) T fb[{R if after_rows else 1} * {F} * TJ];"]
     if lanes:
         decl.append(f"  for (int q = 0; q < {F} * TJ; ++q) fb[q] = 0;")
+    if heap_len:
+        decl.append(f"  if (!lt_heap.reserve({heap_len})) return 1;")
     nrv = L.n_row_values
     # The work buffer: the chunk's staged and packed j-data; with dot products, also the
     # item's rows, packed once (not once per chunk) in blocks of R, their norms and their
@@ -139,7 +147,7 @@ def _row_block(L: Layout, F: int, R: int, after_tile: str = "", lanes: int = 0,
         if L.dots:
             decl.append(f"  T (* const H)[{nrv}] = (T (*)[{nrv}])({at});")
         else:
-            decl.append(f"  T H[{R}][{nrv}];")
+            decl.append(f"  alignas(64) T H[{R}][{nrv}];")
         # the rows of block ig: all the item's rows are kept with dot products
         block_ptrs.insert(0, f"      T (* const Hb)[{nrv}] = H{' + (ig - i0)' if L.dots else ''};")
     row_in = [v for v in L.orig if v.cat in ("i", "p")]
@@ -200,7 +208,7 @@ def _row_block(L: Layout, F: int, R: int, after_tile: str = "", lanes: int = 0,
         # vectorizes along the vector, and the reduction's push (also a vector loop).
         pair_loop = f"""          for (int jj = 0; jj < nj; ++jj) {{
 {nl.join(jloads)}
-            T o[{F}];
+            alignas(64) T o[{F}];
             lt_formula({", ".join(call)}, o);
             accs[i - i0].push(o, j0 + jj);
           }}"""
@@ -301,39 +309,90 @@ def _item_pointers(L: Layout) -> str:
     return ", ".join(out)
 
 
+@dataclass(frozen=True)
+class KernelShape:
+    """What :func:`render_cpu_kernel` decides before it emits code: the planned formula
+    (``lin.narrow`` when ``lin``, the weighted-sum form, is taken), its layout, the tile
+    and chunk lengths, and the generated functions that evaluate IR (name, roots,
+    variables), whose values may live in the per-thread heap (:mod:`..footprint`)."""
+
+    plan: CpuPlan
+    layout: Layout
+    lin: Linear | None
+    tj: int
+    jch: int
+    functions: tuple
+    dtype: str
+
+    def footprints(self) -> dict:
+        """{function name: its :class:`~lazytensor.codegen.footprint.Footprint`}."""
+        return {name: function_footprint(roots, specs, self.dtype, FUNCTION_STACK_BYTES)
+                for name, roots, specs in self.functions}
+
+    @property
+    def heap_elements(self) -> int:
+        """Length of the per-thread heap buffer the functions share (0: none): they never
+        run nested, so each uses it from its start."""
+        return max([f.heap_elements for f in self.footprints().values()] + [0])
+
+
+def cpu_kernel_shape(formula, var_specs, reduction: str, dtype: str,
+                     dot_tiling: bool | None = None) -> KernelShape:
+    """The shape of the kernel :func:`render_cpu_kernel` emits for these arguments."""
+    check_dims(formula)
+    lin = wide_sum(formula, reduction)
+    if lin is not None:
+        shape = _shape(lin.narrow, var_specs, dtype, dot_tiling, lin)
+        if shape is not None:
+            return shape
+    return _shape(formula, var_specs, dtype, dot_tiling)
+
+
+def _shape(formula, var_specs, dtype, dot_tiling, lin=None) -> KernelShape | None:
+    F = formula.dim
+    plan = plan_cpu(formula, max([v.index + 1 for v in var_specs] + [0]), dot_tiling)
+    L = Layout(var_specs, plan, dtype=dtype)
+    if lin is not None and L.wide:
+        return None  # the narrow part still reads a wide vector pair by pair
+    size = 4 if dtype == "float32" else 8
+    tj = max(tile_size(F, dtype), 64) if L.dots else tile_size(F, dtype)
+    chunk = DOT_CHUNK_BYTES if L.dots else L2_CHUNK_BYTES
+    jch = max(tj, chunk // L.j_bytes(size) // tj * tj)
+    functions = [("lt_formula", (plan.formula,), tuple(L.formula_specs))]
+    if L.n_row_values:
+        functions.append(("lt_rowvals", tuple(d.node for d in plan.rows),
+                          tuple(v for v in L.orig if v.cat in ("i", "p"))))
+    for d in plan.cols:
+        functions.append((f"lt_col{d.var.index}", (d.node,),
+                          (next(v for v in L.orig if v.index == d.source),)))
+    return KernelShape(plan, L, lin, tj, jch, tuple(functions), dtype)
+
+
 def render_cpu_kernel(formula, var_specs, reduction: str, opts: dict, dtype: str,
                       dot_tiling: bool | None = None) -> str:
     """Complete C++ source of the CPU kernel ``lt_run`` (see the module docstring).
 
     A Sum of wide terms that are weights times j-variables runs its narrow part in the
     pair loop and the rest as weighted sums of the j-vectors (:mod:`lazytensor.codegen.cpu.wide`)."""
-    lin = wide_sum(formula, reduction)
-    if lin is not None:
-        src = _render(lin.narrow, var_specs, reduction, opts, dtype, dot_tiling, lin)
-        if src is not None:
-            return src
-    return _render(formula, var_specs, reduction, opts, dtype, dot_tiling)
+    return _render(cpu_kernel_shape(formula, var_specs, reduction, dtype, dot_tiling),
+                   reduction, opts, dtype)
 
 
-def _render(formula, var_specs, reduction, opts, dtype, dot_tiling, lin=None) -> str | None:
-    F = formula.dim
-    plan = plan_cpu(formula, max([v.index + 1 for v in var_specs] + [0]), dot_tiling)
-    L = Layout(var_specs, plan)
-    if lin is not None and L.wide:
-        return None  # the narrow part still reads a wide vector pair by pair
-    size = 4 if dtype == "float32" else 8
+def _render(shape: KernelShape, reduction, opts, dtype) -> str:
+    plan, L, lin, tj, jch = shape.plan, shape.layout, shape.lin, shape.tj, shape.jch
+    F = plan.formula.dim
     R = "LT_R" if L.dots else "1"  # rows per block: LT_R depends on the vector width
-    tj = max(tile_size(F, dtype), 64) if L.dots else tile_size(F, dtype)
-    chunk = DOT_CHUNK_BYTES if L.dots else L2_CHUNK_BYTES
-    jch = max(tj, chunk // L.j_bytes(size) // tj * tj)
+    heap_len = shape.heap_elements
+    storage = CPU_STORAGE
+    defs = prelude_defs() + (heap_defs() if heap_len else "")
     nv = max(1, L.n_orig)
     if lin is None:
         src = [render_shared(plan.formula, L.formula_specs, reduction, opts, dtype, tj=tj,
-                             rename=cpu_renames, backend_defs=prelude_defs())]
+                             rename=cpu_renames, backend_defs=defs, storage=storage)]
     else:  # the narrow formula, and the weighted sums' Acc (after the vector types)
         acc_dtype = reductions.get(reduction).acc_dtype(dtype, opts)
-        src = [prelude(dtype, acc_dtype, prelude_defs()) + f"static const int TJ = {tj};\n"
-               + render_formula(plan.formula, L.formula_specs, dtype, cpu_renames)]
+        src = [prelude(dtype, acc_dtype, defs) + f"static const int TJ = {tj};\n"
+               + render_formula(plan.formula, L.formula_specs, dtype, cpu_renames, storage)]
     src.append("#ifdef _OPENMP\n#include <omp.h>\n#endif\n")
     src.append(vector_header())
     if lin is not None:
@@ -344,11 +403,11 @@ def _render(formula, var_specs, reduction, opts, dtype, dot_tiling, lin=None) ->
     if L.n_row_values:
         row_in = [v for v in L.orig if v.cat in ("i", "p")]
         src.append(render_function("lt_rowvals", [d.node for d in plan.rows], row_in, dtype,
-                                   cpu_renames, "static LT_INLINE"))
+                                   cpu_renames, "static LT_INLINE", storage))
     for d in plan.cols:
         s = next(v for v in L.orig if v.index == d.source)
         src.append(render_function(f"lt_col{d.var.index}", [d.node], [s], dtype, cpu_renames,
-                                   "static LT_INLINE"))
+                                   "static LT_INLINE", storage))
     if L.dots:
         src.append(dot_micro())
     for D in sorted({d.dim for d in L.dots}):
@@ -360,9 +419,11 @@ def _render(formula, var_specs, reduction, opts, dtype, dot_tiling, lin=None) ->
         lanes = max(1, LANE_TERMS // tj)  # tj >= 64: whole vectors (lt_vec) of lanes
     if lin is not None and L.dots and reductions.get(reduction).wide == "sum":
         # several rows' weights against each tile of B at once (wide.lt_wblock)
-        src.append(_row_block(L, F, R, after_rows="\n        " + wide_block_call(lin, f"{F} * TJ")))
+        src.append(_row_block(L, F, R, after_rows="\n        " + wide_block_call(lin, f"{F} * TJ"),
+                                  heap_len=heap_len))
     else:
-        src.append(_row_block(L, F, R, "" if lin is None else "\n          " + wide_call(lin), lanes))
+        src.append(_row_block(L, F, R, "" if lin is None else "\n          " + wide_call(lin), lanes,
+                              heap_len=heap_len))
     # With dot products each work item packs all its columns once: below 4 row blocks
     # per item that packing costs more than a third of the products, so fewer, larger
     # items are worth some imbalance between threads.

@@ -61,7 +61,7 @@ struct Acc {{
     def merge(self, a, b, opts):
         return [a[0] + b[0]]
 
-    def vjp_formula(self, F, saved, aux):
+    def vjp_formula(self, F, saved, aux, limits=False):
         return F
 
     def dual(self, F, tangents):
@@ -69,5 +69,6 @@ struct Acc {{
 
     def dual_outputs(self, outs, F):
         out, J = outs[0][..., :F], outs[0][..., F:]
-        return out, J.reshape(*J.shape[:-1], -1, F)
+        # k = J's width / F, explicit: with no rows at all, -1 would be ambiguous
+        return out, J.reshape(*J.shape[:-1], J.shape[-1] // F, F)
 
