@@ -1,6 +1,6 @@
 """Benchmarks: this engine against dense torch, pykeops (when importable) and a roofline.
 
-``python -m benchmarks.bench [--suite core|grad|cpu|all] [--quick] [--write BENCHMARKS.md]``
+``python -m benchmarks.bench [--suite core|grad|cpu|dual|gpytorch|all] [--quick] [--write BENCHMARKS.md]``
 (``--help`` lists what each suite measures).
 
 Method. Every table row runs its contenders in turns, one call each per round, the
@@ -721,6 +721,8 @@ SUITES = {
             "LogSumExp; call overheads; one query against many points (split-j); peak memory",
     "grad": "gradient of the Gaussian kernel product (w.r.t. x, y, sigma), D = 3 and D = 64",
     "cpu": "Gaussian kernel product D = 3, 64, 256; vector-valued terms (K @ V, attention)",
+    "dual": "fused (dual) against symbolic gradients, Gaussian and a branchy gate, D = 3",
+    "gpytorch": "K @ V with 1 to 64 columns (GPyTorch's CG), float32 and float64, vs dense torch",
     "all": "every table of the suites above",
 }
 
@@ -749,6 +751,14 @@ def _plan(args) -> list:
         gsizes = [1000, 4000] if quick else [1000, 4000, 10_000, 30_000]
         plan.append(("gradient D = 3", lambda: grad_table(3, gsizes, args)))
         plan.append(("gradient D = 64", lambda: grad_table(64, gsizes, args)))
+    if suite in ("dual", "all"):
+        from .bench_dual import dual_table
+
+        plan.append(("fused gradients", lambda: dual_table(args, 4000 if quick else 20000)))
+    if suite in ("gpytorch", "all"):
+        from .gpytorch_shapes import gpytorch_table
+
+        plan.append(("GPyTorch-shaped products", lambda: gpytorch_table(args)))
     return plan
 
 
@@ -758,8 +768,8 @@ def _elapsed(seconds: float) -> str:
 
 
 def main(argv=None) -> int:
-    suites = "\n".join(textwrap.fill(text, 88, initial_indent=f"  {name:6s}",
-                                      subsequent_indent=" " * 8) for name, text in SUITES.items())
+    suites = "\n".join(textwrap.fill(text, 88, initial_indent=f"  {name:9s}",
+                                      subsequent_indent=" " * 11) for name, text in SUITES.items())
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.bench", description=__doc__.splitlines()[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,

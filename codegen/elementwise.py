@@ -465,6 +465,30 @@ define("sinxdivx", 1, sym=lambda a: _sp("sin")(a) / a,
        example=_example("sinxdivx", (0.0, 1.0), "[[1.0], [0.8415]]"))
 
 
+def _softmax_weight_c(dtype, f, lse, limit):
+    fr = f"lt_rounded({f})"
+    inf = f"({fr} == {lse} && {lse} == (T)INFINITY) ? (T)1 : " if limit else ""
+    return f"({inf}{_fn('exp')(dtype, f'{fr} - {lse}')})"
+
+
+def _softmax_weight_ref(xp, t, params):
+    f, lse = t
+    with_limit = xp.where((f == lse) & (lse == float("inf")), 1 + 0 * f, xp.exp(f - lse))
+    return with_limit if params[0] else xp.exp(f - lse)
+
+
+# exp(f - lse), the weight of a term f in the gradients of the log-sum-exp family. f is
+# rounded to the kernel's precision first (lt_rounded): the forward stored it before it
+# took the maximum, and a product contracted with the subtraction (FMA) would differ from
+# it by up to half an ulp of f, which exp amplifies (f = -|x - y|^2 / 1e-2 ~ -1e5 in
+# float32: errors of 1e-3 and more). With ``limit``, a term at +inf where the log-sum-exp
+# is +inf weighs 1 (the limit the forward and dual mode follow) instead of exp(inf - inf).
+define("softmax_weight", 2, c=_softmax_weight_c, ref=_softmax_weight_ref,
+       derivs=lambda f, lse, limit: [apply("softmax_weight", f, lse, params=(limit,)),
+                                     apply("neg", apply("softmax_weight", f, lse, params=(limit,)))],
+       doc="exp(f - lse) of f rounded first (the log-sum-exp family's gradients)")
+
+
 def _sinxdivx_derivative(a):
     """(cos a - sin(a)/a) / a, which cancels catastrophically near 0: there, its series
     -a/3 + a³/30 (error below 1e-16 for |a| < 1e-3), and 0 at 0 instead of 0/0."""

@@ -12,6 +12,8 @@ Matrices are stored row-major in a vector: ``A`` of dimension ``n*m`` is ``A[r*m
 
 from __future__ import annotations
 
+import numbers
+
 from . import ir
 from .ops import OpDef, apply, register
 
@@ -19,6 +21,17 @@ from .ops import OpDef, apply, register
 _VECTOR_EXAMPLE = """>>> x = Vi(np.array([[1.0, 3.0, 2.0], [0.0, -1.0, 5.0]]))
 >>> x.{call}.dense().tolist()
 {result}"""
+
+
+def _integers(op: str, names: str, values) -> tuple:
+    """``values`` as Python ints, or a TypeError naming the op and the parameter (a float
+    such as 0.5 would otherwise reach the generated code, or be truncated)."""
+    out = []
+    for name, v in zip(names.split(), values):
+        if not isinstance(v, numbers.Integral) or isinstance(v, bool):
+            raise TypeError(f"{op}: {name} must be an integer, got {v!r} ({type(v).__name__})")
+        out.append(int(v))
+    return tuple(out)
 
 
 def _fixed(dim):
@@ -55,7 +68,7 @@ register(OpDef(
 def _expand_dim(dims, params):
     if dims[0] != 1:
         raise ValueError(f"expand: operand must have dimension 1, got {dims[0]}")
-    return int(params[0])
+    return _integers("expand", "dimension", params)[0]
 
 
 register(OpDef(
@@ -122,7 +135,7 @@ for _name, _cmp, _index, _keops, _result in (
 
 
 def _slice_dim(dims, params):
-    start, length = params
+    start, length = _integers("slice", "start length", params)
     if not (0 <= start and length >= 1 and start + length <= dims[0]):
         raise ValueError(f"slice [{start}:{start + length}] out of range for dimension {dims[0]}")
     return length
@@ -141,7 +154,7 @@ register(OpDef(
 
 
 def _pad_dim(dims, params):
-    start, total = params
+    start, total = _integers("pad", "start total", params)
     if start < 0 or start + dims[0] > total:
         raise ValueError(f"pad: cannot place dimension {dims[0]} at {start} in {total}")
     return total
@@ -203,7 +216,7 @@ register(OpDef(
 def _one_hot_dim(dims, params):
     if dims[0] != 1:
         raise ValueError(f"one_hot: operand must have dimension 1, got {dims[0]}")
-    return int(params[0])
+    return _integers("one_hot", "dimension", params)[0]
 
 
 def _one_hot_ref(xp, t, p):

@@ -291,6 +291,8 @@ def _prepare_gradients(plan: Plan, requires: tuple, grad_mode: str) -> None:
 
     call, red = plan.call, plan.red
     ks = dual.dual_slots(call, requires, check_grad_mode(grad_mode))
+    if call.M == 0:  # no term to fuse: the symbolic gradients (0), not the fused 0/0
+        ks = ()
     plan.apply = KernelReduction.apply
     if ks:
         plan.route, plan.dual_slots, plan.apply = "dual", ks, dual.FusedReduction.apply

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import engine, half
-from .binding import Variable, is_torch
+from .binding import Variable, copy_into, is_torch
 from .codegen import ops, parse
 from .errors import ArgumentTypeError
 from .options import check_axis, gpu_options, keops_reduction, reduction_options
@@ -101,11 +101,7 @@ class Genred:
         if io_dtype:
             result = half.cast_outputs(result, io_dtype)
         if out is not None:
-            if is_torch(out):
-                out.copy_(result)
-            else:
-                np.copyto(out, result)
-            return out
+            return copy_into(out, result)
         return result
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from . import complex_methods, engine, half, materialize
 from . import solve as linear_solve
-from .binding import Variable, array_dtype, bind, is_torch
+from .binding import Variable, array_dtype, bind, copy_into, is_torch
 from .cluster import swap_axes
 from .codegen import compositions, ir, ops
 from .complex_methods import ComplexMethods, RealToComplexMethods, is_complex_operand
@@ -63,13 +63,15 @@ def _canonical(x, axis):
             f"LazyTensor got a 2D array of shape {tuple(x.shape)}: say which index it follows with "
             "LazyTensor(x, axis=0) (i) or axis=1 (j), or reshape it to (N, 1, D) / (1, M, D)"
         )
+    # squeeze, not x[..., 0, :]: its gradient is a view, where a select's gradient
+    # fills an array of zeros and copies into it (two passes over the input per backward)
     a, b = x.shape[-3], x.shape[-2]
     if b == 1:
         if a == 1:
-            return x[..., 0, 0, :], "p"
-        return x[..., :, 0, :], "i"
+            return x.squeeze(-2).squeeze(-2), "p"
+        return x.squeeze(-2), "i"
     if a == 1:
-        return x[..., 0, :, :], "j"
+        return x.squeeze(-3), "j"
     raise ValueError(
         f"LazyTensor got shape {tuple(x.shape)}: the last three dimensions must be (N, 1, D) for an "
         "i-variable, (1, M, D) for a j-variable or (1, 1, D) for a parameter"
@@ -647,7 +649,7 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
         >>> Vi(np.array([[0.0], [2.0]])).one_hot(3).dense().tolist()
         [[[1.0, 0.0, 0.0]], [[0.0, 0.0, 1.0]]]
         """
-        return self._op("one_hot", params=(int(D),))
+        return self._op("one_hot", params=(D,))
 
     def sqnorm2(self) -> LazyTensor:
         """The squared Euclidean norm ``Σ_k x_k²`` of the vector: dimension D gives 1.
@@ -841,8 +843,7 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
         if io_dtype:
             result = half.cast_outputs(result, io_dtype)
         if out is not None:
-            _copy_into(out, result)
-            return out
+            return copy_into(out, result)
         return result
 
     def sum(self, dim: int | None = None, axis: int | None = None, backend: str = "auto",
@@ -1252,13 +1253,6 @@ def _describe_operand(lt: LazyTensor) -> str:
     text = f"{ir.to_text(lt.formula, limit=60)} of dimension {lt.formula.dim}"
     arrays = [v.describe() for v in lt.variables if not v.is_scalar]
     return f"{text} ({', '.join(arrays)})" if arrays else text
-
-
-def _copy_into(out, result):
-    if is_torch(out):
-        out.copy_(result)
-    else:
-        np.copyto(out, result)
 
 
 def _symbolic(call: str, dim, helper: str):

@@ -15,7 +15,8 @@ repeated intervals counted again. A reduction over i reads the other three the s
 Semantics, where pykeops leaves them open: rows outside every block, and blocks without
 intervals, get the value of an empty reduction (0 for sums, +inf and index -1 for min,
 -inf for max and log-sum-exp); a block that reduces over fewer than K points in a K-min
-pads with +inf and index -1. Blocks may come in any order but must not overlap. Indices
+pads with +inf and index -1 (K itself must not exceed the number of points, M for a
+reduction over j: as without ranges, a larger K is refused). Blocks may come in any order but must not overlap. Indices
 returned by arg-reductions are global (into the full j or i array).
 
 Each block runs as an ordinary reduction on its rows and the concatenation of its
@@ -119,6 +120,8 @@ def reduce(formula, variables: list, reduction: str, axis: int, opts: dict, back
     n_out, n_red = (sig.N, sig.M) if axis == 1 else (sig.M, sig.N)
     out_cat = _OUT_CAT[axis]
     red = reductions.get(reduction)
+    # K > M is refused as without ranges; blocks that see fewer than K of the M points pad
+    red.check(formula.dim, opts, M=n_red)
     F = formula.dim
     outputs = red.outputs(F, opts)[: red.user_outputs]
     torch_lib = sig.library == "torch"

@@ -153,6 +153,7 @@ class LogSumExp(_LSEBase):
     weighted_variant = "logsumexp_weight"
     gradient = "sum"
     fusable = True
+    lse_output = 0
 
     def outputs(self, F, opts):
         return [Output(1, "value", float("-inf"))]
@@ -166,8 +167,11 @@ class LogSumExp(_LSEBase):
     def writes(self, F):
         return write_code(0, "value", 1, "(T)(m + log(s[0]))")
 
-    def vjp_formula(self, F, saved, aux):
-        return apply("exp", apply("sub", F, saved[0]))
+    def vjp_formula(self, F, saved, aux, limits=False):
+        return _weight(F, saved[0], limits)
+
+    def normalizer(self, F, saved):
+        return _weight(F, saved[0], True)
 
     def dual(self, F, tangents):
         # d lse = Σ_j softmax_j(F) dF_j: the softmax-weighted sum of the tangents, whose
@@ -210,9 +214,9 @@ class LogSumExpWeight(_LSEBase):
     def weights(self, values):
         return values[..., 1:]
 
-    def vjp_formula(self, F, saved, aux):
+    def vjp_formula(self, F, saved, aux, limits=False):
         f, w = _split(F)
-        return apply("mul", apply("exp", apply("sub", f, saved[0])), w)
+        return apply("mul", _weight(f, saved[0], limits), w)
 
 
 @register
@@ -237,6 +241,7 @@ class SumSoftMaxWeight(_LSEBase):
     gradient = "sum"
     wide = "softmax"
     vjp_saves = 2
+    lse_output = 1
 
     def outputs(self, F, opts):
         return [Output(F - 1, "value", float("nan")), Output(1, "value", float("-inf"))]
@@ -259,13 +264,16 @@ class SumSoftMaxWeight(_LSEBase):
         with np.errstate(all="ignore"):
             return [s[..., 1:] / s[..., :1], m + _log(s[..., :1])]
 
-    def vjp_formula(self, F, saved, aux):
+    def vjp_formula(self, F, saved, aux, limits=False):
         f, w = _split(F)
-        softmax = apply("exp", apply("sub", f, saved[1]))
+        softmax = _weight(f, saved[1], limits)
         G = apply("mul", softmax, apply("sub", w, saved[0]))
         # The auxiliary log-sum-exp output is used by first-order gradients, so it receives
         # a cotangent in double backward: d lse = Σ_j softmax_ij df_ij.
         return apply("concat", G, softmax) if aux else G
+
+    def normalizer(self, F, saved):
+        return _weight(_split(F)[0], saved[1], True)
 
 
 @register
@@ -292,6 +300,12 @@ class MaxSumShiftExp(_LSEBase):
 
     def finalize(self, state, opts):
         return [namespace_of(state[0]).concat(list(state))]
+
+
+def _weight(f: ir.Node, lse: ir.Node, limits: bool) -> ir.Node:
+    """The softmax weight ``exp(f - lse)`` of the gradients (op ``softmax_weight``: f
+    evaluated as the forward stored it; ``limits``: 1 at +inf where lse is +inf)."""
+    return apply("softmax_weight", f, lse, params=(bool(limits),))
 
 
 def _split(F: ir.Node) -> tuple:

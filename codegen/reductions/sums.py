@@ -1,6 +1,6 @@
 """The Sum reduction: Σ_j F, accumulated in float64 unless ``dtype_acc`` says otherwise.
 
-Sum schemes (pykeops's ``sum_scheme``): ``block_sum`` (default: each tile of j summed in T,
+Sum schemes (pykeops's ``sum_scheme``): ``block_sum`` (default: blocks of j summed in T,
 then added to the TA accumulator), ``direct_sum`` (every term added to the accumulator)
 and ``kahan_scheme`` (compensated). Its gradient is a Sum of the VJP formula, its dual
 form a Sum of the formula and its tangents side by side.
@@ -62,13 +62,16 @@ struct Acc {{
   LT_HD LT_INLINE void write(void* const* outs, int64_t row) const {{ {write_code(0, "value", F, "(T)(s[k] - c[k])")} }}
 }};"""
 
+    def lanes_add(self, opts):
+        return opts.get("sum_scheme", "block_sum") == "block_sum"
+
     def partial(self, values, opts, j0=0):
         return [values.sum(axis=-2)]
 
     def merge(self, a, b, opts):
         return [a[0] + b[0]]
 
-    def vjp_formula(self, F, saved, aux):
+    def vjp_formula(self, F, saved, aux, limits=False):
         return F
 
     def dual(self, F, tangents):
@@ -76,5 +79,6 @@ struct Acc {{
 
     def dual_outputs(self, outs, F):
         out, J = outs[0][..., :F], outs[0][..., F:]
-        return out, J.reshape(*J.shape[:-1], -1, F)
+        # k = J's width / F, explicit: with no rows at all, -1 would be ambiguous
+        return out, J.reshape(*J.shape[:-1], J.shape[-1] // F, F)
 
