@@ -33,9 +33,9 @@ class KernelReduction(torch.autograd.Function):
     """``outputs = reduction(call)(*tensors)``, differentiable to any order."""
 
     @staticmethod
-    def forward(ctx, call: ReductionCall, *tensors):
-        outs = execute(call, list(tensors))
-        ctx.call = call
+    def forward(ctx, call: ReductionCall, ranges, *tensors):
+        outs = execute(call, list(tensors), ranges)
+        ctx.call, ctx.ranges = call, ranges
         ctx.n_in = len(tensors)
         ctx.save_for_backward(*tensors, *outs)
         for o, spec in zip(outs, call.outputs()):
@@ -47,8 +47,9 @@ class KernelReduction(torch.autograd.Function):
     def backward(ctx, *grads):
         saved = ctx.saved_tensors
         inputs, outs = list(saved[: ctx.n_in]), list(saved[ctx.n_in:])
-        needs = ctx.needs_input_grad[1:]
-        return (None, *reduction_vjp(ctx.call, inputs, outs, list(grads), needs))
+        needs = ctx.needs_input_grad[2:]
+        return (None, None, *reduction_vjp(ctx.call, inputs, outs, list(grads), needs,
+                                           ctx.ranges))
 
 
 @dataclass(frozen=True)
@@ -110,8 +111,9 @@ def _vjp_plan(call: ReductionCall, needs: tuple, aux: bool) -> VjpPlan:
     return VjpPlan(tuple(sides))
 
 
-def reduction_vjp(call, inputs, outs, grads, needs) -> list:
-    """Gradients of ``call``'s inputs for the output cotangents ``grads``."""
+def reduction_vjp(call, inputs, outs, grads, needs, ranges=None) -> list:
+    """Gradients of ``call``'s inputs for the output cotangents ``grads`` (``ranges``: the
+    forward's block-sparse pattern; the j-side sum runs on its transpose)."""
     red = reductions.get(call.reduction)
     if not any(needs):
         return [None] * len(inputs)
@@ -130,7 +132,10 @@ def reduction_vjp(call, inputs, outs, grads, needs) -> list:
     args = [*inputs, *outs[: red.vjp_saves], g]
     result = [None] * len(inputs)
     for side in plan.sides:
-        total = _side_sum(side, args)
+        side_ranges = ranges
+        if ranges is not None and call.cats[side.slots[0]] == "j":
+            side_ranges = ranges.t()
+        total = _side_sum(side, args, side_ranges)
         offset = 0
         for k in side.slots:
             d = call.dims[k]
@@ -142,18 +147,18 @@ def reduction_vjp(call, inputs, outs, grads, needs) -> list:
     return result
 
 
-def _side_sum(side: SideGradient, args: list):
+def _side_sum(side: SideGradient, args: list, ranges=None):
     """``Σ`` of the side's cotangent formula: the hoisted values in torch, the kernel, then
     the row terms ``s(i, j) L(i)`` multiplied by ``L(i)`` after the sum."""
     call, plan = side.call, side.plan
     if plan is None:
-        return KernelReduction.apply(call, *args)[0]
+        return KernelReduction.apply(call, ranges, *args)[0]
     args = list(args)
     xp = torch_namespace()
     if plan.hoisted:
         arrays = {k: a for k, (a, cat) in enumerate(zip(args, call.cats)) if cat == "j"}
         args += [evaluate(node, arrays, xp) for node in plan.hoisted]
-    (G,) = KernelReduction.apply(call, *args)
+    (G,) = KernelReduction.apply(call, ranges, *args)
     split = plan.split
     if split is None:
         return G

@@ -78,14 +78,15 @@ class ReductionCall:
             self.reduction, self.opts, self.dtype)
 
 
-def execute(call: ReductionCall, arrays: list) -> list:
-    """Outputs of ``call`` on canonical arrays (no autograd)."""
+def execute(call: ReductionCall, arrays: list, ranges=None) -> list:
+    """Outputs of ``call`` on canonical arrays (no autograd); block-sparse with ``ranges``
+    (a :class:`lazytensor.ranges.BlockRanges` of the call's reduction over j)."""
     arrays = _contiguous(call, arrays)
     shapes = tuple(a.shape for a in arrays)
     hit = call.memo.get("executor")
     if hit is None or hit[0] != shapes:
         hit = call.memo["executor"] = (shapes, _executor(call, shapes))
-    return hit[1](arrays)
+    return hit[1](arrays, ranges)
 
 
 def _contiguous(call: ReductionCall, arrays: list) -> list:
@@ -100,7 +101,7 @@ def _executor(call: ReductionCall, shapes: tuple):
     """A function of the arrays that allocates the outputs and runs the call."""
     specs = _out_specs(call)
     if call.backend == "numpy":
-        return lambda arrays: _run_reference(call, arrays, specs)
+        return lambda arrays, ranges: _run_reference(call, arrays, specs, ranges)
     if call.backend == "cuda":
         return _cuda_executor(call, specs)
     if call.backend != "cpu":
@@ -124,10 +125,10 @@ class CpuExecutor:
         else:
             self.empty, self.ptr = np.empty, _numpy_ptr
 
-    def __call__(self, arrays: list) -> list:
+    def __call__(self, arrays: list, ranges=None) -> list:
         outs = [self.empty(shape, dtype=dt) for shape, dt in self.specs]
         if self.launch.rows > 0:
-            self.launch(arrays, outs, self.ptr)
+            self.launch(arrays, outs, self.ptr, ranges)
         return outs
 
 
@@ -136,8 +137,11 @@ def _cuda_executor(call: ReductionCall, specs: list):
 
     spec = call.spec()
 
-    def run(arrays):
+    def run(arrays, ranges=None):
         import torch
+
+        if ranges is not None:
+            raise NotImplementedError("block-sparse ranges on CUDA tensors: not yet supported")
 
         kernel = cuda_runtime.get_cuda_kernel(spec, call.device)
         outs = [torch.empty(shape, dtype=dt, device=call.device) for shape, dt in specs]
@@ -149,10 +153,10 @@ def _cuda_executor(call: ReductionCall, specs: list):
     return run
 
 
-def _run_reference(call: ReductionCall, arrays: list, specs: list) -> list:
+def _run_reference(call: ReductionCall, arrays: list, specs: list, ranges=None) -> list:
     data = [a.detach().cpu().numpy() if is_torch(a) else a for a in arrays]
     res = reference.reduce(call.formula, data, list(call.cats), call.batch, call.N, call.M,
-                           call.reduction, call.opts_dict)
+                           call.reduction, call.opts_dict, ranges)
     outs = []
     for r, (_, dt) in zip(res, specs):
         if call.library == "torch":

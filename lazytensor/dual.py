@@ -100,12 +100,12 @@ class FusedReduction(torch.autograd.Function):
     """Sum / LogSumExp whose forward also accumulates ``Σ_j ∂F/∂v`` for the dual inputs."""
 
     @staticmethod
-    def forward(ctx, call: ReductionCall, ks: tuple, *tensors):
+    def forward(ctx, call: ReductionCall, ks: tuple, ranges, *tensors):
         fused = fused_call(call, tuple(ks))
-        outs = execute(fused, list(tensors))
+        outs = execute(fused, list(tensors), ranges)
         out, J = reductions.get(call.reduction).dual_outputs(outs, call.formula.dim)
         out = out.contiguous()
-        ctx.call, ctx.ks, ctx.n_in = call, tuple(ks), len(tensors)
+        ctx.call, ctx.ks, ctx.n_in, ctx.ranges = call, tuple(ks), len(tensors), ranges
         ctx.save_for_backward(*tensors, out, J)
         return out
 
@@ -113,11 +113,12 @@ class FusedReduction(torch.autograd.Function):
     def backward(ctx, g):
         saved = ctx.saved_tensors
         inputs, out, J = list(saved[: ctx.n_in]), saved[ctx.n_in], saved[ctx.n_in + 1]
-        needs = list(ctx.needs_input_grad[2:])
+        needs = list(ctx.needs_input_grad[3:])
         call = ctx.call
         if torch.is_grad_enabled():
             # create_graph: the symbolic path is differentiable to any order.
-            return (None, None, *reduction_vjp(call, inputs, [out], [g], needs))
+            return (None, None, None, *reduction_vjp(call, inputs, [out], [g], needs,
+                                                     ctx.ranges))
         grads = [None] * len(inputs)
         slot_grads = torch.einsum("...kf,...f->...k", J, g)
         offset = 0
@@ -131,6 +132,6 @@ class FusedReduction(torch.autograd.Function):
                 grads[k] = unbroadcast(part, inputs[k].shape)
         rest = [needs[k] and k not in ctx.ks for k in range(len(inputs))]
         if any(rest):
-            sym = reduction_vjp(call, inputs, [out], [g], rest)
+            sym = reduction_vjp(call, inputs, [out], [g], rest, ctx.ranges)
             grads = [s if s is not None else d for s, d in zip(sym, grads)]
-        return (None, None, *grads)
+        return (None, None, None, *grads)
