@@ -70,12 +70,13 @@ class ReductionCall:
         return ReductionCall(formula, tuple(cats), tuple(dims), reduction, tuple(opts),
                              self.backend, self.library, self.dtype, self.device, self.batch, N, M)
 
-    def spec(self) -> KernelSpec:
-        """The kernel of this call (everything static about it)."""
+    def spec(self, ranged: bool = False) -> KernelSpec:
+        """The kernel of this call (everything static about it); ``ranged``: its
+        block-sparse variant."""
         return KernelSpec(
             self.formula,
             tuple(VarSpec(k, d, c) for k, (d, c) in enumerate(zip(self.dims, self.cats))),
-            self.reduction, self.opts, self.dtype)
+            self.reduction, self.opts, self.dtype, ranged)
 
 
 def execute(call: ReductionCall, arrays: list, ranges=None) -> list:
@@ -106,29 +107,39 @@ def _executor(call: ReductionCall, shapes: tuple):
         return _cuda_executor(call, specs)
     if call.backend != "cpu":
         raise ValueError(f"unknown backend {call.backend!r}")
-    launch = runtime.CpuLaunch(runtime.get_cpu_kernel(call.spec()), [tuple(s) for s in shapes],
-                               list(call.cats), call.batch, call.N, call.M)
-    return CpuExecutor(launch, specs, call.library == "torch")
+    return CpuExecutor(call, [tuple(s) for s in shapes], specs)
 
 
 class CpuExecutor:
-    """A CPU kernel bound to one layout of its arrays: allocates the outputs and launches."""
+    """A CPU kernel bound to one layout of its arrays: allocates the outputs and launches
+    (block-sparse calls: the call's ranged kernel, loaded on first use)."""
 
-    __slots__ = ("empty", "launch", "ptr", "specs")
+    __slots__ = ("call", "empty", "launch", "ptr", "ranged", "shapes", "specs")
 
-    def __init__(self, launch: runtime.CpuLaunch, specs: list, torch_lib: bool):
-        self.launch, self.specs = launch, specs
-        if torch_lib:
+    def __init__(self, call: ReductionCall, shapes: list, specs: list):
+        self.call, self.shapes, self.specs = call, shapes, specs
+        self.launch, self.ranged = self._launch(False), None
+        if call.library == "torch":
             import torch
 
             self.empty, self.ptr = torch.empty, _torch_ptr
         else:
             self.empty, self.ptr = np.empty, _numpy_ptr
 
+    def _launch(self, ranged: bool) -> runtime.CpuLaunch:
+        call = self.call
+        return runtime.CpuLaunch(runtime.get_cpu_kernel(call.spec(ranged)), self.shapes,
+                                 list(call.cats), call.batch, call.N, call.M)
+
     def __call__(self, arrays: list, ranges=None) -> list:
         outs = [self.empty(shape, dtype=dt) for shape, dt in self.specs]
-        if self.launch.rows > 0:
-            self.launch(arrays, outs, self.ptr, ranges)
+        launch = self.launch
+        if ranges is not None:
+            launch = self.ranged
+            if launch is None:
+                launch = self.ranged = self._launch(True)
+        if launch.rows > 0:
+            launch(arrays, outs, self.ptr, ranges)
         return outs
 
 

@@ -82,7 +82,8 @@ def cpu_backend() -> Backend:
     return Backend(
         "cpu", "kernel.so", compiler.identity(),
         render=lambda spec: render_cpu_kernel(spec.formula, list(spec.var_specs),
-                                              spec.reduction, spec.opts_dict, spec.dtype),
+                                              spec.reduction, spec.opts_dict, spec.dtype,
+                                              ranged=spec.ranged),
         compile=lambda source, workdir, what: compiler.compile(source, workdir, "kernel", what),
         key_extra={"dot_tiling": dot_tiling_enabled()})
 

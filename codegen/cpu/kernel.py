@@ -53,7 +53,7 @@ True
 
 from __future__ import annotations
 
-from .. import reductions
+from .. import ir, reductions
 from ..render_c import prelude, render_formula, render_function, render_shared
 from . import HEADER_WORDS
 from .gemm import dot_kernel, dot_micro, sqdist_fix
@@ -99,10 +99,12 @@ def tile_size(F: int, dtype: str) -> int:
     return tj
 
 
-def _row_block(L: Layout, F: int, R: int, after_tile: str = "") -> str:
+def _row_block(L: Layout, F: int, R: int, after_tile: str = "", gather: set | None = None) -> str:
     """``lt_rows``: rows [i0, i1) against a list of column intervals into ``accs``
     (``after_tile``: a statement run after each ``Acc::tile`` on ``A[i - i0]``, see
-    :mod:`lazytensor.codegen.cpu.wide`)."""
+    :mod:`lazytensor.codegen.cpu.wide`). ``gather`` (the indices of the variables the
+    planned formula reads): the columns of consecutive intervals are staged together,
+    chunk after chunk (see :func:`_gather_loop`)."""
     ptr_args = ", ".join(f"const T* __restrict__ P{v.index}" for v in L.orig)
     decl = [f"  alignas(64) T fb[{F} * TJ];"]
     nrv = L.n_row_values
@@ -116,8 +118,10 @@ def _row_block(L: Layout, F: int, R: int, after_tile: str = "") -> str:
         extra.append(f"ni * {nrv}")
     if L.dots:
         decl.append(f"  const int64_t ni = (i1 - i0 + {R} - 1) / {R} * {R};")
-    if L.buffer_dims or extra:
-        size = " + ".join([f"(size_t){L.buffer_dims} * JCH"] + extra)
+    gathered = _in_place(L, gather) if gather is not None else {}
+    staged_dims = L.buffer_dims + sum(d for _, d in gathered.values())
+    if staged_dims or extra:
+        size = " + ".join([f"(size_t){staged_dims} * JCH"] + extra)
         decl.append(f"  T* const S = lt_stage.get({size});")
         decl.append("  if (!S) return 1;")
     at = f"S + (size_t){L.buffer_dims} * JCH"
@@ -204,6 +208,10 @@ def _row_block(L: Layout, F: int, R: int, after_tile: str = "") -> str:
         elif k in L.col_source:  # a dot product's operand only: the formula does not read it
             jloads.append(f"            const T* y{k} = 0;")
             call.append(f"y{k}")
+        elif k in gathered:  # staged after the others by the gathering chunk loop
+            row_ptrs.append(f"          const T* Y{k} = S + {gathered[k][0]} * JCH + t0;")
+            jloads.append(f"            const T y{k}[1] = {{Y{k}[jj]}};")
+            call.append(f"y{k}")
         else:  # a j-variable of dimension 1 (or one the formula does not read): in place
             jloads.append(f"            const T* y{k} = P{k} + (j0 + jj) * {v.dim};")
             call.append(f"y{k}")
@@ -227,18 +235,37 @@ def _row_block(L: Layout, F: int, R: int, after_tile: str = "") -> str:
             for (int k = 0; k < {F}; ++k) fb[k * TJ + jj] = o[k];
           }}
           A[i - i0].tile(fb, nj, j0);{after_tile}"""
-    return f"""
-// Rows [i0, i1) against the columns of the niv intervals iv[2q] <= j < iv[2q + 1], in
-// that order, chunk by chunk. An interval that starts below a column already reduced (out
-// of order, or repeated) is reduced into accumulators of its own and merged: the tiles'
-// fast paths take their columns to come after every index kept. Returns 0, 1 when out of
-// memory, 2 when *stop was set (checked before each chunk).
+    rows_of_chunk = f"""    for (int64_t ig = i0; ig < i1; ig += {R}) {{
+      const int nr = (int)((i1 - ig) < {R} ? (i1 - ig) : {R});
+{nl.join(block_ptrs)}
+{prep_block}
+      for (int64_t j0 = c0; j0 < c1; j0 += TJ) {{
+        const int nj = (int)((c1 - j0) < TJ ? (c1 - j0) : TJ);
+        const int64_t t0 = j0 - c0;
+        (void)t0;
+{nl.join(dots)}
+        for (int r = 0; r < nr; ++r) {{
+          const int64_t i = ig + r;
+{nl.join(row_ptrs)}
+{pair_loop}
+        }}
+      }}
+    }}"""
+    head = f"""
 static int lt_rows({ptr_args}, int64_t i0, int64_t i1, const int64_t* iv, int64_t niv,
                    Acc* accs, const int* stop) {{
   for (int64_t i = i0; i < i1; ++i) accs[i - i0].init();
   if (niv == 0) return 0;
 {nl.join(decl)}
-{prep_item}
+{prep_item}"""
+    if gather is not None:
+        return _gather_loop(L, gathered, head, rows_of_chunk)
+    return f"""
+// Rows [i0, i1) against the columns of the niv intervals iv[2q] <= j < iv[2q + 1], in
+// that order, chunk by chunk. An interval that starts below a column already reduced (out
+// of order, or repeated) is reduced into accumulators of its own and merged: the tiles'
+// fast paths take their columns to come after every index kept. Returns 0, 1 when out of
+// memory, 2 when *stop was set (checked before each chunk).{head}
   int64_t seen = INT64_MIN;  // past the largest column reduced so far
   for (int64_t q = 0; q < niv; ++q) {{
   const int64_t jb = iv[2 * q], je = iv[2 * q + 1];
@@ -255,26 +282,70 @@ static int lt_rows({ptr_args}, int64_t i0, int64_t i1, const int64_t* iv, int64_
     const int64_t ncp = (nc + TJ - 1) / TJ * TJ;
     (void)ncp;
 {stage_chunk(L)}
-    for (int64_t ig = i0; ig < i1; ig += {R}) {{
-      const int nr = (int)((i1 - ig) < {R} ? (i1 - ig) : {R});
-{nl.join(block_ptrs)}
-{prep_block}
-      for (int64_t j0 = c0; j0 < c1; j0 += TJ) {{
-        const int nj = (int)((c1 - j0) < TJ ? (c1 - j0) : TJ);
-        const int64_t t0 = j0 - c0;
-        (void)t0;
-{nl.join(dots)}
-        for (int r = 0; r < nr; ++r) {{
-          const int64_t i = ig + r;
-{nl.join(row_ptrs)}
-{pair_loop}
-        }}
-      }}
-    }}
+{rows_of_chunk}
   }}
   if (A != accs)
     for (int64_t i = i0; i < i1; ++i) accs[i - i0].merge(A[i - i0]);
   if (je > seen) seen = je;
+  }}
+  return 0;
+}}
+"""
+
+
+def _in_place(L: Layout, used: set) -> dict:
+    """{index: (offset in S, dim)}: the j-variables the pair loop reads in place (dimension
+    1) among ``used``, which a gathering chunk loop stages after the staged values."""
+    out, at = {}, L.buffer_dims
+    for v in L.formula_specs:
+        k = v.index
+        if (v.cat == "j" and k in used and k not in L.dot_index and k not in L.stage_offset
+                and k not in L.col_source and k not in L.row_offset):
+            out[k] = (at, v.dim)
+            at += v.dim
+    return out
+
+
+def _gather_loop(L: Layout, gathered: dict, head: str, rows_of_chunk: str) -> str:
+    """``lt_rows`` of a block-sparse kernel whose reduction outputs no index: the columns
+    of consecutive intervals fill one chunk of up to JCH staged columns, so that short
+    intervals (clusters of a few points) still give the pair loop whole tiles. The
+    accumulators see chunk-local column numbers (no output depends on them)."""
+    dims = {v.index: v.dim for v in L.orig}
+    copies = []
+    for k, (off, d) in [(v.index, (L.stage_offset[v.index], v.dim)) for v in L.staged] + list(
+            gathered.items()):
+        if k in L.col_source:
+            s = L.col_source[k]
+            copies.append(f"        {{ T o[{d}]; lt_col{k}(P{s} + (off + jj) * {dims[s]}, o); "
+                          f"for (int c = 0; c < {d}; ++c) S[({off} + c) * JCH + nc + jj] = o[c]; }}")
+        else:
+            copies.append(f"        {{ const T* src = P{k} + (off + jj) * {d}; "
+                          f"for (int c = 0; c < {d}; ++c) S[({off} + c) * JCH + nc + jj] = src[c]; }}")
+    nl = "\n"
+    return f"""
+// Rows [i0, i1) against the columns of the niv intervals iv[2q] <= j < iv[2q + 1], staged
+// one interval after the other into chunks of up to JCH columns (a sum: the order of the
+// terms does not matter). Returns 0, 1 when out of memory, 2 when *stop was set (checked
+// before each chunk).{head}
+  Acc* const A = accs;
+  int64_t q = 0, off = iv[0];
+  for (;;) {{
+    if (__atomic_load_n(stop, __ATOMIC_RELAXED)) return 2;
+    int64_t nc = 0;
+    while (q < niv && nc < JCH) {{
+      const int64_t e = iv[2 * q + 1];
+      if (off >= e) {{ if (++q < niv) off = iv[2 * q]; continue; }}
+      const int64_t take = (e - off < JCH - nc) ? e - off : JCH - nc;
+      for (int64_t jj = 0; jj < take; ++jj) {{
+{nl.join(copies)}
+      }}
+      nc += take;
+      off += take;
+    }}
+    if (nc == 0) break;
+    const int64_t c0 = 0, c1 = nc;
+{rows_of_chunk}
   }}
   return 0;
 }}
@@ -291,20 +362,23 @@ def _item_pointers(L: Layout) -> str:
 
 
 def render_cpu_kernel(formula, var_specs, reduction: str, opts: dict, dtype: str,
-                      dot_tiling: bool | None = None) -> str:
+                      dot_tiling: bool | None = None, ranged: bool = False) -> str:
     """Complete C++ source of the CPU kernel ``lt_run`` (see the module docstring).
 
     A Sum of wide terms that are weights times j-variables runs its narrow part in the
-    pair loop and the rest as weighted sums of the j-vectors (:mod:`lazytensor.codegen.cpu.wide`)."""
+    pair loop and the rest as weighted sums of the j-vectors (:mod:`lazytensor.codegen.cpu.wide`).
+    ``ranged``: the kernel of block-sparse calls, which stages the columns of consecutive
+    intervals together when the pair loop allows it (see :func:`_gather_loop`)."""
     lin = wide_sum(formula, reduction)
     if lin is not None:
         src = _render(lin.narrow, var_specs, reduction, opts, dtype, dot_tiling, lin)
         if src is not None:
             return src
-    return _render(formula, var_specs, reduction, opts, dtype, dot_tiling)
+    return _render(formula, var_specs, reduction, opts, dtype, dot_tiling, ranged=ranged)
 
 
-def _render(formula, var_specs, reduction, opts, dtype, dot_tiling, lin=None) -> str | None:
+def _render(formula, var_specs, reduction, opts, dtype, dot_tiling, lin=None,
+            ranged=False) -> str | None:
     F = formula.dim
     plan = plan_cpu(formula, max([v.index + 1 for v in var_specs] + [0]), dot_tiling)
     L = Layout(var_specs, plan)
@@ -345,7 +419,15 @@ def _render(formula, var_specs, reduction, opts, dtype, dot_tiling, lin=None) ->
     for D in sorted({d.dim for d in L.dots if d.kind == "sqdist"}):
         src.append(sqdist_fix(D))
     src.append(_ACC_TMP)
-    src.append(_row_block(L, F, R, "" if lin is None else "\n          " + wide_call(lin, "A[i - i0]")))
+    # Block-sparse calls of the plain pair loop stage several intervals per chunk, unless
+    # the reduction outputs indices (the tiles then need their global column numbers).
+    red = reductions.get(reduction)
+    gather = None
+    if (ranged and lin is None and not L.dots and not L.wide
+            and all(o.kind == "value" for o in red.outputs(F, opts))):
+        gather = {v.index for v in ir.variables(plan.formula)}
+    after = "" if lin is None else "\n          " + wide_call(lin, "A[i - i0]")
+    src.append(_row_block(L, F, R, after, gather))
     # With dot products each work item packs all its columns once: below 4 row blocks
     # per item that packing costs more than a third of the products, so fewer, larger
     # items are worth some imbalance between threads.
