@@ -39,6 +39,10 @@ with the same (or the transposed) ranges.
 
 from __future__ import annotations
 
+import threading
+import zlib
+from collections import OrderedDict
+
 import numpy as np
 
 from . import engine
@@ -179,6 +183,43 @@ def reduce(formula, variables: list, reduction: str, axis: int, opts: dict, back
     """:func:`lazytensor.engine.reduce` restricted to the blocks ``ranges`` describes."""
     sig = bind(variables)
     n_out, n_red = (sig.N, sig.M) if axis == 1 else (sig.M, sig.N)
-    block_ranges = BlockRanges.build(ranges, n_out, n_red, axis)
     return engine.reduce(formula, variables, reduction, axis, opts, backend, grad_mode,
-                         ranges=block_ranges)
+                         ranges=cached(ranges, n_out, n_red, axis))
+
+
+# Iterative methods (Sinkhorn, conjugate gradients) pass the same ranges at every call:
+# their BlockRanges are kept, for as long as the arrays are the same objects with the
+# same contents (torch: the version counter of in-place changes; NumPy: a checksum).
+_CACHE_SIZE = 8
+_cache: OrderedDict = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def _stamp(a):
+    if is_torch(a):
+        return ("torch", a.data_ptr(), a._version, tuple(a.shape), str(a.device))
+    if isinstance(a, np.ndarray):
+        return ("numpy", a.ctypes.data, a.shape, a.dtype.str,
+                zlib.crc32(np.ascontiguousarray(a).view(np.uint8)) if a.size else 0)
+    return None
+
+
+def cached(ranges, n_out: int, n_red: int, axis: int) -> BlockRanges:
+    """:meth:`BlockRanges.build`, kept for the next call with the same arrays."""
+    if not isinstance(ranges, (tuple, list)) or len(ranges) != 6:
+        return BlockRanges.build(ranges, n_out, n_red, axis)
+    stamps = tuple(_stamp(a) for a in ranges)
+    if any(st is None for st in stamps):
+        return BlockRanges.build(ranges, n_out, n_red, axis)
+    key = (tuple(id(a) for a in ranges), n_out, n_red, axis)
+    with _cache_lock:
+        hit = _cache.get(key)
+        if hit is not None and hit[0] == stamps and all(a is b for a, b in zip(hit[1], ranges)):
+            _cache.move_to_end(key)
+            return hit[2]
+    built = BlockRanges.build(ranges, n_out, n_red, axis)
+    with _cache_lock:
+        _cache[key] = (stamps, tuple(ranges), built)
+        while len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
+    return built

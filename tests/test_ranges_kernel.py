@@ -209,3 +209,22 @@ def test_block_ranges_normalization():
                              np.array([0, 10]), np.array([1]), np.array([[0, 9]])), 9, 10)
     with pytest.raises(ValueError, match="ranges_j must have shape"):
         bad.t()  # the transposed half is checked when a gradient needs it
+
+
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+def test_ranges_changed_in_place_are_read_again(rng, library):
+    """The pattern of the same arrays is kept between calls, not once they change."""
+    N, M = 60, 50
+    x, y = rng.standard_normal((N, 2)), rng.standard_normal((M, 2))
+    ranges = [np.array(a) for a in random_ranges(rng, N, M, n_blocks=3)]
+    if library == "torch":
+        torch = pytest.importorskip("torch")
+        ranges = [torch.from_numpy(a) for a in ranges]
+    S = Vi(x).sqdist(Vj(y))
+    d2 = ((x[:, None] - y[None]) ** 2).sum(-1)[..., None]
+    for _ in range(3):
+        got = S.sum(dim=1, ranges=tuple(ranges))
+        want, _ = expected(d2, [np.asarray(a) for a in ranges], "sum")
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+        red = ranges[2]  # the same objects, new contents
+        red[:, 0] = red[:, 0] // 2
