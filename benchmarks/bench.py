@@ -1,6 +1,7 @@
 """Benchmarks: this engine against dense torch, pykeops (when importable) and a roofline.
 
-``python -m benchmarks.bench [--suite core|grad|cpu|all] [--quick] [--write BENCHMARKS.md]``
+``python -m benchmarks.bench [--suite core|grad|cpu|ranges|all] [--quick] [--write BENCHMARKS.md]``
+(``ranges``: block-sparse ranges and geomloss, :mod:`benchmarks.bench_ranges`)
 
 Method. Every table row runs its contenders in turns, one call each per round, the
 order rotating from round to round, so that a machine whose speed drifts (other jobs, a
@@ -715,7 +716,7 @@ def machine() -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--suite", choices=("core", "grad", "cpu", "all"), default="core")
+    p.add_argument("--suite", choices=("core", "grad", "cpu", "ranges", "all"), default="core")
     p.add_argument("--quick", action="store_true", help="small sizes, few rounds")
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--budget", type=float, default=None, help="seconds a contender call may take")
@@ -750,6 +751,11 @@ def main(argv=None) -> int:
         gsizes = [1000, 4000] if quick else [1000, 4000, 10_000, 30_000]
         tables.append(grad_table(3, gsizes, args))
         tables.append(grad_table(64, gsizes, args))
+    if args.suite in ("ranges", "all"):
+        from benchmarks import bench_ranges
+
+        bench_ranges.configure(args)
+        tables += [bench_ranges.ranges_table(args), bench_ranges.client_table(args)]
     if args.write:
         words = list(argv if argv is not None else sys.argv[1:])
         words = ["FILE" if w == args.write else w.replace(args.write, "FILE") for w in words]
