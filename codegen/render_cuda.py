@@ -14,11 +14,17 @@ One ``.cu`` per kernel holds, in ``namespace <name>``, what :func:`render_shared
     ``nJC > 1`` (the split-j scheme, for small N) it stores its partial ``Acc`` in
     ``part[jc * B * N + row]``, and ``<name>_merge`` (one thread per row) folds the
     ``nJC`` partials with ``Acc::merge`` and writes the outputs.
+    Block-sparse calls (``npieces > 0``, see :mod:`lazytensor.ranges`): block ``bid``
+    runs piece ``bid % npieces`` of batch element ``bid / npieces``; a piece is four
+    int64 ``(i0, i1, s0, s1)``: rows ``[i0, i1)`` (at most ``blockDim.x``) reduce over
+    the intervals ``ivs[2s] <= j < ivs[2s + 1]``, s in ``[s0, s1)``, in that order,
+    each walked in tiles as above (1D scheme only).
 
 ``LtArgs`` is passed by value (one kernel parameter, all fields 8 bytes wide, laid out
 by :func:`args_fields`): ``vars`` (device pointers, canonical contiguous layout as for
 ``lt_run``), ``outs``, ``part``, ``vbs[v * MAX_BATCH_DIMS + k]`` (element stride of
-variable v along batch dim k, 0 where broadcast), ``bshape``, then N, M, B, nbd, nJC, JC.
+variable v along batch dim k, 0 where broadcast), ``bshape``, then N, M, B, nbd, nJC, JC, then ``pieces``, ``ivs`` (device pointers) and
+``npieces`` (0: the full product).
 The global ``<name>_acc`` has the size of ``Acc`` (read with ``cuModuleGetGlobal``).
 
 The block-level phases (decode a block, load a row, copy a tile, push a tile, finish,
@@ -51,7 +57,7 @@ def args_fields(n_vars: int, n_outs: int) -> list[tuple[str, int]]:
     nv = max(1, n_vars)
     return [("vars", nv), ("outs", n_outs), ("part", 1), ("vbs", nv * MAX_BATCH_DIMS),
             ("bshape", MAX_BATCH_DIMS), ("N", 1), ("M", 1), ("B", 1), ("nbd", 1),
-            ("nJC", 1), ("JC", 1)]
+            ("nJC", 1), ("JC", 1), ("pieces", 1), ("ivs", 1), ("npieces", 1)]
 
 
 def tile_rows(var_specs, dtype: str) -> int:
@@ -134,27 +140,42 @@ struct LtArgs {{
   int64_t vbs[NVP * MAX_BD];
   int64_t bshape[MAX_BD];
   int64_t N, M, B, nbd, nJC, JC;
+  const int64_t* pieces;  // block-sparse calls: (i0, i1, s0, s1) per piece
+  const int64_t* ivs;  // their intervals [start, end)
+  int64_t npieces;  // 0: the full product
 }};
 static_assert(sizeof(LtArgs) == {words} * 8, "LtArgs layout");
 
-// What one block works on: batch b, rows [i0, i0 + rows), columns [jb, je).
+// What one block works on: batch b, rows [i0, i1), columns [jb, je) (full product) or
+// the niv intervals at iv (block-sparse).
 struct LtBlock {{
-  int64_t b, i0, jb, je, jc;
+  int64_t b, i0, i1, jb, je, jc, niv;
+  const int64_t* iv;
   const T* base[NVP];
 }};
 
 LT_HD LT_INLINE LtBlock lt_block(const LtArgs& a, int64_t bid, int64_t rows) {{
   LtBlock k;
-  const int64_t nIB = (a.N + rows - 1) / rows;
-  k.jc = bid % a.nJC;
-  int64_t q = bid / a.nJC;
-  k.i0 = (q % nIB) * rows;
-  k.b = q / nIB;
-  k.jb = k.jc * a.JC;
-  k.je = (k.jb + a.JC < a.M) ? k.jb + a.JC : a.M;
+  int64_t q;
+  if (a.npieces > 0) {{
+    const int64_t* p = a.pieces + 4 * (bid % a.npieces);
+    k.b = q = bid / a.npieces;
+    k.i0 = p[0]; k.i1 = p[1];
+    k.iv = a.ivs + 2 * p[2]; k.niv = p[3] - p[2];
+    k.jc = 0; k.jb = 0; k.je = 0;
+  }} else {{
+    const int64_t nIB = (a.N + rows - 1) / rows;
+    k.jc = bid % a.nJC;
+    q = bid / a.nJC;
+    k.i0 = (q % nIB) * rows;
+    k.i1 = (k.i0 + rows < a.N) ? k.i0 + rows : a.N;
+    k.b = q = q / nIB;
+    k.jb = k.jc * a.JC;
+    k.je = (k.jb + a.JC < a.M) ? k.jb + a.JC : a.M;
+    k.iv = 0; k.niv = 1;
+  }}
   int64_t off[NVP];
   for (int v = 0; v < NVP; ++v) off[v] = 0;
-  q = k.b;
 #ifdef __CUDACC__
 #pragma unroll
 #endif
@@ -167,6 +188,12 @@ LT_HD LT_INLINE LtBlock lt_block(const LtArgs& a, int64_t bid, int64_t rows) {{
   }}
   for (int v = 0; v < NVP; ++v) k.base[v] = a.vars[v] + off[v];
   return k;
+}}
+
+// The s-th range of columns of block k.
+LT_HD LT_INLINE void lt_interval(const LtBlock& k, int64_t s, int64_t& jb, int64_t& je) {{
+  if (k.iv) {{ jb = k.iv[2 * s]; je = k.iv[2 * s + 1]; }}
+  else {{ jb = k.jb; je = k.je; }}
 }}
 
 // A thread's row: small i-variables in registers, large ones by pointer.
@@ -213,19 +240,23 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}_reduce(const LtAr
   __shared__ T tile[TILE_LEN];
   const LtBlock k = lt_block(a, blockIdx.x, blockDim.x);
   const int64_t i = k.i0 + threadIdx.x;
-  const bool active = i < a.N;
+  const bool active = i < k.i1;
   LtRow r;
   if (active) lt_row_load(r, k, i);
   Acc acc;
   acc.init();
-  for (int64_t j0 = k.jb; j0 < k.je; j0 += TJC) {{
-    const int nj = (int)((k.je - j0) < TJC ? (k.je - j0) : TJC);
-    if (STAGED) {{
-      lt_tile_load(tile, k, j0, nj, threadIdx.x, blockDim.x);
-      __syncthreads();
+  for (int64_t s = 0; s < k.niv; ++s) {{
+    int64_t jb, je;
+    lt_interval(k, s, jb, je);
+    for (int64_t j0 = jb; j0 < je; j0 += TJC) {{
+      const int nj = (int)((je - j0) < TJC ? (je - j0) : TJC);
+      if (STAGED) {{
+        lt_tile_load(tile, k, j0, nj, threadIdx.x, blockDim.x);
+        __syncthreads();
+      }}
+      if (active) lt_tile_push(acc, r, k, tile, j0, nj);
+      if (STAGED) __syncthreads();
     }}
-    if (active) lt_tile_push(acc, r, k, tile, j0, nj);
-    if (STAGED) __syncthreads();
   }}
   if (active) lt_finish(a, k, i, acc);
 }}
@@ -261,19 +292,23 @@ extern "C" int {name}_emulate_reduce(const void* args, int64_t grid, int threads
   for (int64_t bid = 0; bid < grid; ++bid) {{
     const LtBlock k = lt_block(a, bid, threads);
     for (int t = 0; t < threads; ++t) {{
-      if (k.i0 + t < a.N) lt_row_load(rows[t], k, k.i0 + t);
+      if (k.i0 + t < k.i1) lt_row_load(rows[t], k, k.i0 + t);
       accs[t].init();
     }}
-    for (int64_t j0 = k.jb; j0 < k.je; j0 += TJC) {{
-      const int nj = (int)((k.je - j0) < TJC ? (k.je - j0) : TJC);
-      if (STAGED) {{
-        for (int t = 0; t < threads; ++t) lt_tile_load(tile, k, j0, nj, t, threads);
+    for (int64_t s = 0; s < k.niv; ++s) {{
+      int64_t jb, je;
+      lt_interval(k, s, jb, je);
+      for (int64_t j0 = jb; j0 < je; j0 += TJC) {{
+        const int nj = (int)((je - j0) < TJC ? (je - j0) : TJC);
+        if (STAGED) {{
+          for (int t = 0; t < threads; ++t) lt_tile_load(tile, k, j0, nj, t, threads);
+        }}
+        for (int t = 0; t < threads; ++t)
+          if (k.i0 + t < k.i1) lt_tile_push(accs[t], rows[t], k, tile, j0, nj);
       }}
-      for (int t = 0; t < threads; ++t)
-        if (k.i0 + t < a.N) lt_tile_push(accs[t], rows[t], k, tile, j0, nj);
     }}
     for (int t = 0; t < threads; ++t)
-      if (k.i0 + t < a.N) lt_finish(a, k, k.i0 + t, accs[t]);
+      if (k.i0 + t < k.i1) lt_finish(a, k, k.i0 + t, accs[t]);
   }}
   free(tile); free(rows); free(accs);
   return 0;

@@ -121,8 +121,11 @@ def batch_layout(shapes: list, cats: list, batch: tuple) -> tuple[list, list]:
 
 
 def pack_args(n_vars: int, n_outs: int, var_ptrs: list, out_ptrs: list, part_ptr: int,
-              bshape: list, vbs: list, N: int, M: int, nJC: int, JC: int) -> ctypes.Array:
-    """The bytes of ``LtArgs`` (one 8-byte word per field element, in ``args_fields`` order)."""
+              bshape: list, vbs: list, N: int, M: int, nJC: int, JC: int,
+              pieces: tuple = (0, 0, 0)) -> ctypes.Array:
+    """The bytes of ``LtArgs`` (one 8-byte word per field element, in ``args_fields`` order);
+    ``pieces``: ``(pieces pointer, intervals pointer, number of pieces)`` of a
+    block-sparse call."""
     B = 1
     for s in bshape:
         B *= s
@@ -138,6 +141,7 @@ def pack_args(n_vars: int, n_outs: int, var_ptrs: list, out_ptrs: list, part_ptr
         "vbs": flat_vbs,
         "bshape": list(bshape) + [1] * (MAX_BATCH_DIMS - len(bshape)),
         "N": [N], "M": [M], "B": [B], "nbd": [len(bshape)], "nJC": [nJC], "JC": [JC],
+        "pieces": [pieces[0]], "ivs": [pieces[1]], "npieces": [pieces[2]],
     }
     words = []
     for name, count in args_fields(n_vars, n_outs):
@@ -230,11 +234,13 @@ def _cubin(spec: KernelSpec, index: int) -> bytes:
 
 
 def launch_cuda(kernel, arrays: list, cats: list, batch: tuple, N: int, M: int,
-                outs: list) -> None:
+                outs: list, ranges=None) -> None:
     """Run ``kernel`` on contiguous torch tensors (canonical layout) into ``outs``.
 
     ``kernel`` is a :class:`CudaKernel` (or anything with its attributes and ``launch``:
-    the tests run the skeleton on the host that way).
+    the tests run the skeleton on the host that way). ``ranges``: a
+    :class:`lazytensor.ranges.BlockRanges` (block-sparse; one block of threads per piece
+    of a block of rows, the 1D scheme).
     """
     import torch
 
@@ -242,6 +248,8 @@ def launch_cuda(kernel, arrays: list, cats: list, batch: tuple, N: int, M: int,
     B = 1
     for s in bshape:
         B *= s
+    if ranges is not None:
+        return _launch_ranges(kernel, arrays, bshape, vbs, B, N, M, outs, ranges)
     plan = plan_launch(N, M, B, kernel.sm_count, kernel.threads, kernel.tile,
                        kernel.acc_bytes)
     part = None
@@ -255,6 +263,18 @@ def launch_cuda(kernel, arrays: list, cats: list, batch: tuple, N: int, M: int,
         kernel.launch("merge", plan.merge_grid, plan.threads, args)
     # `part` goes back to torch's caching allocator, which reuses it only for work
     # queued after these kernels on the same stream.
+
+
+def _launch_ranges(kernel, arrays, bshape, vbs, B, N, M, outs, ranges) -> None:
+    pieces, ivs = ranges.on(str(outs[0].device), kernel.threads)
+    n = pieces.shape[0]
+    if B * n > _MAX_GRID:
+        raise ValueError(f"too many blocks of rows for one CUDA launch ({B} x {n})")
+    args = pack_args(kernel.n_vars, kernel.n_outs, [a.data_ptr() for a in arrays],
+                     [o.data_ptr() for o in outs], 0, bshape, vbs, N, M, 1, max(M, 1),
+                     (pieces.data_ptr(), ivs.data_ptr(), n))
+    if B * n > 0:
+        kernel.launch("reduce", B * n, kernel.threads, args)
 
 
 __all__ = [

@@ -151,14 +151,11 @@ def _cuda_executor(call: ReductionCall, specs: list):
     def run(arrays, ranges=None):
         import torch
 
-        if ranges is not None:
-            raise NotImplementedError("block-sparse ranges on CUDA tensors: not yet supported")
-
         kernel = cuda_runtime.get_cuda_kernel(spec, call.device)
         outs = [torch.empty(shape, dtype=dt, device=call.device) for shape, dt in specs]
         if call.N > 0 and all(s > 0 for s in call.batch):
             cuda_runtime.launch_cuda(kernel, arrays, list(call.cats), call.batch, call.N,
-                                     call.M, outs)
+                                     call.M, outs, ranges)
         return outs
 
     return run

@@ -111,14 +111,32 @@ class BlockRanges:
             self._t._t = self
         return self._t
 
-    def on(self, device: str):
-        """``(blocks, intervals)`` as int64 torch tensors on ``device`` (kept)."""
-        got = self._device.get(device)
+    def pieces(self, rows: int) -> np.ndarray:
+        """The blocks cut into pieces of at most ``rows`` rows: (n, 4) int64 ``(i0, i1,
+        s0, s1)``, in order (the work items of a CUDA launch).
+
+        >>> r = BlockRanges(np.array([[0, 5, 0, 1], [5, 6, 1, 1]]), np.array([[0, 3]]), 15,
+        ...                 (), (), ())
+        >>> r.pieces(2).tolist()
+        [[0, 2, 0, 1], [2, 4, 0, 1], [4, 5, 0, 1], [5, 6, 1, 1]]
+        """
+        blk = self.blocks
+        count = -(-(blk[:, 1] - blk[:, 0]) // rows)
+        owner = np.repeat(np.arange(len(blk)), count)
+        first = np.repeat(np.cumsum(count) - count, count)
+        i0 = blk[owner, 0] + (np.arange(len(owner)) - first) * rows
+        i1 = np.minimum(i0 + rows, blk[owner, 1])
+        return np.ascontiguousarray(np.stack([i0, i1, blk[owner, 2], blk[owner, 3]], 1),
+                                    dtype=np.int64)
+
+    def on(self, device: str, rows: int):
+        """``(pieces(rows), intervals)`` as int64 torch tensors on ``device`` (kept)."""
+        got = self._device.get((device, rows))
         if got is None:
             import torch
 
-            got = self._device[device] = tuple(torch.from_numpy(a).to(device)
-                                               for a in (self.blocks, self.intervals))
+            got = self._device[(device, rows)] = tuple(
+                torch.from_numpy(a).to(device) for a in (self.pieces(rows), self.intervals))
         return got
 
 

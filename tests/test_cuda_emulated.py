@@ -24,8 +24,10 @@ import torch
 from lazytensor.codegen import compilers, ir, ops, reductions
 from lazytensor.codegen.render_c import VarSpec
 from lazytensor.codegen.render_cuda import MAX_BATCH_DIMS, args_fields
+from test_ranges_kernel import _clustered_pattern, random_ranges
 
 from lazytensor import LazyTensor, Pm, Vi, Vj, cuda_driver, cuda_runtime, engine, runtime
+from lazytensor.ranges import BlockRanges
 
 pytestmark = pytest.mark.skipif(cuda_emulation.cxx() is None, reason="no C++ compiler")
 
@@ -73,7 +75,7 @@ def _both(fn, *args):
 REDUCTIONS = sorted({r.name for r in reductions.REDUCTIONS.values()})
 
 
-def _call(name, x, y, b, backend):
+def _call(name, x, y, b, backend, ranges=None):
     d2 = Vi(x).sqdist(Vj(y))
     K = 3
     if name in ("logsumexp_weight", "sumsoftmaxweight"):
@@ -84,7 +86,7 @@ def _call(name, x, y, b, backend):
         F = (-d2).exp().concat(Vi(x) * Vj(y))  # dimension 4
     red = reductions.get(name)
     opts = {"K": K} if name in ("kmin", "argkmin", "kmin_argkmin") else {}
-    return engine.reduce(F.formula, F.variables, red.name, 1, opts, backend)
+    return engine.reduce(F.formula, F.variables, red.name, 1, opts, backend, ranges=ranges)
 
 
 @pytest.mark.parametrize("name", REDUCTIONS)
@@ -99,6 +101,59 @@ def test_reduction_matches_reference(fake_gpu, name, N, M, rng):
         _close(g, w, 1e-10)
     split = cuda_runtime.plan_launch(N, M, 1, SMS, THREADS, 256, 64).nJC > 1
     assert fake_gpu.lib.fake_launches() - launches == (2 if split else 1)
+
+
+@pytest.mark.parametrize("name", REDUCTIONS)
+def test_reduction_with_ranges_matches_reference(fake_gpu, name, rng):
+    """Block-sparse: blocks longer than a block of threads, gaps, intervals out of order,
+    repeated or empty (the reference itself is checked against dense float64 in
+    test_ranges_kernel.py); one launch."""
+    N, M = 150, 90
+    x = torch.from_numpy(rng.standard_normal((N, 3)))
+    y = torch.from_numpy(rng.standard_normal((M, 3)))
+    b = torch.from_numpy(rng.standard_normal((M, 2)))
+    ranges = BlockRanges.build(random_ranges(rng, N, M, n_blocks=4), N, M)
+    launches = fake_gpu.lib.fake_launches()
+    got = _call(name, x, y, b, "auto", ranges)
+    assert fake_gpu.lib.fake_launches() - launches == 1
+    want = _call(name, x, y, b, "numpy", ranges)
+    for g, w in zip(got if isinstance(got, tuple) else [got], want if isinstance(want, tuple) else [want]):
+        _close(g, w, 1e-10)
+
+
+def test_ranges_with_batch_and_gradients(fake_gpu, rng):
+    """The same ranges in every batch element; gradients take the transposed pattern."""
+    B, N, M = 2, 70, 80
+    ranges, mask = _clustered_pattern(rng, N, M)
+    xs = rng.standard_normal((B, N, 1, 2))
+    ys, bs = rng.standard_normal((B, 1, M, 2)), rng.standard_normal((B, 1, M, 1))
+    x, y, b = (torch.from_numpy(a).float().requires_grad_() for a in (xs, ys, bs))
+    out = ((-LazyTensor(x).sqdist(LazyTensor(y))).exp() * LazyTensor(b)).sum(dim=2, ranges=ranges)
+    lse = (-LazyTensor(x).sqdist(LazyTensor(y))).logsumexp(dim=1, ranges=ranges)
+    g = torch.from_numpy(rng.standard_normal(out.shape)).float()
+    ok = torch.from_numpy(mask.any(0))
+    grads = torch.autograd.grad((out * g).sum() + lse[..., 0][:, ok].sum(), (x, y, b))
+    xd, yd, bd = (torch.from_numpy(a).requires_grad_() for a in (xs, ys, bs))
+    d2 = ((xd - yd) ** 2).sum(-1)
+    dense = ((torch.exp(-d2) * torch.from_numpy(mask))[..., None] * bd).sum(2)
+    ref = torch.logsumexp(torch.where(torch.from_numpy(mask), -d2, -torch.inf), dim=1)
+    want = torch.autograd.grad((dense * g.double()).sum() + ref[:, ok].sum(), (xd, yd, bd))
+    np.testing.assert_allclose(out.detach().numpy(), dense.detach().numpy(), rtol=1e-4,
+                               atol=1e-5)
+    np.testing.assert_allclose(lse[..., 0][:, ok].detach().numpy(),
+                               ref[:, ok].detach().numpy(), rtol=1e-4, atol=1e-5)
+    for a, w in zip(grads, want):
+        np.testing.assert_allclose(a.numpy(), w.numpy(), rtol=1e-3, atol=1e-4)
+
+
+def test_ranges_pieces_cover_each_block():
+    r = BlockRanges.build(random_ranges(np.random.default_rng(1), 300, 40, n_blocks=5), 300, 40)
+    p = r.pieces(THREADS)
+    assert p[0, 0] == 0 and p[-1, 1] == 300 and np.all(p[1:, 0] == p[:-1, 1])
+    assert np.all((p[:, 1] - p[:, 0] <= THREADS) & (p[:, 1] > p[:, 0]))
+    for i0, i1, s0, s1 in r.blocks:  # each piece keeps its block's intervals
+        inside = (p[:, 0] >= i0) & (p[:, 1] <= i1)
+        assert p[inside, 1].max() == i1 and np.all(p[inside, 2:] == (s0, s1))
 
 
 def test_split_scheme_is_chosen_for_few_rows():
@@ -231,6 +286,10 @@ def test_pack_args_follows_the_struct_layout():
     assert at["bshape"][:3] == [4, 5, 1]
     assert (at["N"], at["M"], at["B"], at["nbd"], at["nJC"], at["JC"]) == (
         [9], [10], [20], [2], [3], [4])
+    assert (at["pieces"], at["ivs"], at["npieces"]) == ([0], [0], [0])  # full product
+    args = cuda_runtime.pack_args(2, 1, [11, 12], [21], 0, [], [[], []], 9, 10, 1, 10,
+                                  (41, 42, 43))
+    assert list(args)[-3:] == [41, 42, 43]
 
 
 # ---------------------------------------------------------------- driver, engine, imports
