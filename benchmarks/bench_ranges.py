@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -123,6 +124,9 @@ def _geomloss_case(backend: str, n: int):
 
 def worker(which: str) -> int:
     """Runs geomloss cases named on stdin (``backend n``), prints each call's seconds."""
+    reply = os.fdopen(os.dup(1), "w")  # the replies; anything printed goes to stderr
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     if which == "lazytensor":
         _alias_pykeops()
     cases = {}
@@ -134,9 +138,10 @@ def worker(which: str) -> int:
                 cases[key] = _geomloss_case(*key)
             t0 = time.perf_counter()
             cases[key]()
-            print(json.dumps(time.perf_counter() - t0), flush=True)
+            print(json.dumps(time.perf_counter() - t0), file=reply, flush=True)
         except Exception as e:  # noqa: BLE001 - reported as the cell
-            print(json.dumps(f"failed: {type(e).__name__}: {str(e)[:60]}"), flush=True)
+            print(json.dumps(f"failed: {type(e).__name__}: {str(e)[:60]}"), file=reply,
+                  flush=True)
     return 0
 
 
