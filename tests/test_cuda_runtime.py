@@ -25,21 +25,23 @@ RTOL = {torch.float32: 1e-4, torch.float64: 1e-10}
 INDEXED = {"argmin", "argkmin", "min_argmin", "kmin_argkmin", "argmax", "max_argmax"}
 
 
-def _run(name, x, y, b, backend):
+def _run(name, x, y, b, backend, ranges=None):
+    opts = {"dim": 1, "backend": backend} if ranges is None else {
+        "dim": 1, "backend": backend, "ranges": ranges}
     d2 = Vi(x).sqdist(Vj(y))
     if name == "sum":
-        return ((-d2).exp() * Vj(b)).sum(dim=1, backend=backend)
+        return ((-d2).exp() * Vj(b)).sum(**opts)
     if name == "logsumexp":
-        return (-d2).logsumexp(dim=1, backend=backend)
+        return (-d2).logsumexp(**opts)
     if name == "logsumexp_weight":
-        return (-d2).logsumexp(dim=1, weight=Vj(b.abs()), backend=backend)
+        return (-d2).logsumexp(weight=Vj(b.abs()), **opts)
     if name == "sumsoftmaxweight":
-        return (-d2).sumsoftmaxweight(Vj(b), dim=1, backend=backend)
+        return (-d2).sumsoftmaxweight(Vj(b), **opts)
     if name in ("min", "max", "argmin", "argmax", "min_argmin", "max_argmax"):
-        return getattr(d2, name)(dim=1, backend=backend)
+        return getattr(d2, name)(**opts)
     if name in ("kmin", "argkmin", "kmin_argkmin"):
         fn = {"kmin": "Kmin", "argkmin": "argKmin", "kmin_argkmin": "Kmin_argKmin"}[name]
-        return getattr(d2, fn)(5, dim=1, backend=backend)
+        return getattr(d2, fn)(5, **opts)
     raise AssertionError(name)
 
 
@@ -151,3 +153,50 @@ def test_empty_and_tiny_sizes():
     assert Vi(x).sqdist(Vj(y)).min(dim=1).cpu().tolist() == [[np.inf]]
     got = Vi(x).sqdist(Vj(x)).sum(dim=1)
     assert got.cpu().tolist() == [[0.0]]
+
+
+def _clusters(n: int, seed: int):
+    """Points in the unit cube sorted by grid cell, and ranges keeping near cells."""
+    from lazytensor.torch.cluster import cluster_ranges_centroids, grid_cluster, sort_clusters
+
+    x = torch.rand(n, 3, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    x, lab = sort_clusters(x, grid_cluster(x, 0.2))
+    r, c, _ = cluster_ranges_centroids(x, lab)
+    return x, r, c
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("name", NAMES)
+def test_ranges_cuda_matches_cpu(name, dtype):
+    x, rx, cx = _clusters(5000, 1)
+    y, ry, cy = _clusters(4000, 2)
+    keep = ((cx[:, None] - cy[None]) ** 2).sum(-1) < 0.35**2
+    from lazytensor.torch.cluster import from_matrix
+
+    ranges = from_matrix(rx, ry, keep)
+    x, y = x.to(dtype), y.to(dtype)
+    b = torch.randn(4000, 2, dtype=dtype)
+    want = _run(name, x, y, b, "cpu", ranges)
+    got = _run(name, x.cuda(), y.cuda(), b.cuda(), "auto", ranges)
+    _compare(got, want, dtype, x, y)
+
+
+def test_ranges_batch_and_gradients():
+    x0, rx, cx = _clusters(3000, 3)
+    y0, ry, cy = _clusters(2000, 4)
+    from lazytensor.torch.cluster import from_matrix
+
+    ranges = from_matrix(rx, ry, ((cx[:, None] - cy[None]) ** 2).sum(-1) < 0.35**2)
+    b0 = torch.randn(2, 1, 2000, 1, dtype=torch.float64)
+    x0 = torch.stack([x0, x0.flip(-1)])[:, :, None]  # batch of 2, the same ranges
+
+    def grads(device):
+        x, y, b = (t.to(device).requires_grad_() for t in (x0, y0[None, None], b0))
+        K = (-LazyTensor(x).sqdist(LazyTensor(y)) * 9).exp() * LazyTensor(b)
+        out = K.sum(dim=2, ranges=ranges)
+        lse = (-LazyTensor(x).sqdist(LazyTensor(y)) * 9).logsumexp(dim=1, ranges=ranges)
+        loss = (out ** 2).sum() + lse.nan_to_num(neginf=0).sum()
+        return (out, *torch.autograd.grad(loss, [x, y, b]))
+
+    for g, w in zip(grads("cuda"), grads("cpu")):
+        _compare(g, w, torch.float64)
