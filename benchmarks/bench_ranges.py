@@ -1,6 +1,7 @@
 """Block-sparse ranges and a client (geomloss) against pykeops and dense torch.
 
-``python -m benchmarks.bench_ranges [--quick] [--rounds 5] [--write FILE]``, or the
+``python -m benchmarks.bench_ranges [--quick] [--rounds 5] [--tables ranges,client]
+[--cases multiscale:2000,online:2000] [--client-budget S] [--write FILE]``, or the
 ``ranges`` suite of ``python -m benchmarks.bench``.
 
 - **ranges table**: the README's setting (N = M = 10⁵ uniform points in the unit cube,
@@ -232,13 +233,21 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--write", metavar="FILE")
+    p.add_argument("--tables", default="ranges,client", help="ranges, client or both")
+    p.add_argument("--cases", help="client cases, e.g. multiscale:2000,online:2000")
+    p.add_argument("--client-budget", type=float, default=None,
+                   help="seconds a client call may take before its contender stops")
     p.add_argument("--worker", choices=("lazytensor", "pykeops"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         return worker(args.worker)
     configure(args)
+    if args.cases:
+        args.client_cases = [(c.split(":")[0], int(c.split(":")[1])) for c in args.cases.split(",")]
     print(f"machine: {machine()}")
-    tables = [ranges_table(args), client_table(args)]
+    which = args.tables.split(",")
+    tables = ([ranges_table(args)] if "ranges" in which else []) + (
+        [client_table(args)] if "client" in which else [])
     if args.write:
         with open(args.write, "w") as f:
             f.write(f"Machine: {machine()}.\n\n" + "\n".join(t.markdown() for t in tables))
@@ -254,7 +263,7 @@ def configure(args) -> None:
     args.client_cases = ([("online", 2000), ("multiscale", 2000)] if quick else
                          [("online", 2000), ("multiscale", 2000), ("multiscale", 50_000)])
     args.dense_limit = 20_000
-    args.client_budget = 120.0 if quick else 600.0
+    args.client_budget = getattr(args, "client_budget", None) or (120.0 if quick else 600.0)
 
 
 if __name__ == "__main__":
