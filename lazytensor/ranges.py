@@ -73,7 +73,7 @@ class BlockRanges:
     >>> r = BlockRanges.build((np.array([[1, 3]]), np.array([2]), np.array([[0, 2], [2, 5]]),
     ...                        np.array([[0, 5]]), np.array([1]), np.array([[1, 3]])), 4, 6)
     >>> r.blocks.tolist(), r.intervals.tolist(), r.pairs
-    ([[0, 1, 0, 0], [1, 3, 0, 1], [3, 4, 1, 1]], [[0, 5]], 10)
+    ([[0, 1, 0, 0], [1, 3, 0, 1], [3, 4, 0, 0]], [[0, 5]], 10)
     """
 
     def __init__(self, blocks: np.ndarray, intervals: np.ndarray, pairs: int, source: tuple,
