@@ -3,8 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+PYCUDA := $(VENV)/.pycuda
 
-.PHONY: demo test bench gpu-check lint clean
+.PHONY: demo test test-cuda test-distributed test-compat bench gpu-check lint clean tutorials \
+	tutorials-save docs
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -19,18 +21,58 @@ $(STAMP): $(PY) pyproject.toml
 demo: $(STAMP)
 	$(PY) -m examples.demo
 
+# The CUDA runtime tests (marked `cuda`) run the generated kernels on a GPU, or on the
+# emulator in tests/cuda_emulator through pycuda built against its fake driver: slower, so
+# a target of their own. Without nvcc they are skipped, saying why.
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	@echo "make test: the suite takes about 10 minutes on 2 cores; skipped groups are summarized at the end"
+	$(PY) -m pytest -q -p no:cacheprovider -m "not cuda and not distributed" tests
+
+test-cuda: $(PYCUDA)
+	$(PY) -m pytest -q -p no:cacheprovider -m cuda tests
+
+# pycuda 2026.1, built once into build/wheels (a source archive on the package index)
+$(PYCUDA): $(STAMP) tools/build_pycuda.py
+	$(PY) -m tools.build_pycuda
+	touch $(PYCUDA)
+
+# several processes: gloo ranks on loopback, a Dask LocalCluster (about a minute)
+test-distributed: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m distributed tests
+
+# The pykeops drop-in alone (also part of `make test`): pykeops's own test files through the
+# alias, the alias and the API it needs, geomloss and GPyTorch on lazytensor.
+test-compat: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -rx tests/test_compat_pykeops.py tests/test_keops_api.py \
+		tests/test_pykeops_suite.py tests/test_clients.py
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.bench
 
-gpu-check: $(STAMP)
+gpu-check: $(PYCUDA)
 	$(PY) -m tools.gpu_check
+
+# Every tutorial notebook in a fresh kernel with an empty kernel cache; fails on an error cell.
+tutorials: $(STAMP)
+	$(PY) -m tools.tutorials
+
+# The same, saving the outputs and figures into the notebooks (to commit them).
+tutorials-save: $(STAMP)
+	$(PY) -m tools.tutorials --write
+
+DOCS_STAMP := $(VENV)/.docs-installed
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+# The API reference, built from the docstrings; fails on a broken cross-reference.
+docs: $(DOCS_STAMP)
+	$(PY) -m sphinx -b html -W -n --keep-going -q docs docs/_build/html
+	@echo "API reference: docs/_build/html/index.html"
 
 lint: $(STAMP)
 	$(PY) -m pip install -q ruff
 	$(PY) -m ruff check lazytensor codegen cache tests benchmarks examples tools
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info  # build/ holds the pycuda wheel and the emulator

@@ -1,7 +1,7 @@
 """Benchmarks: this engine against dense torch, pykeops (when importable) and a roofline.
 
-``python -m benchmarks.bench [--suite core|grad|cpu|ranges|all] [--quick] [--write BENCHMARKS.md]``
-(``ranges``: block-sparse ranges and geomloss, :mod:`benchmarks.bench_ranges`)
+``python -m benchmarks.bench [--suite core|grad|cpu|all] [--quick] [--write BENCHMARKS.md]``
+(``--help`` lists what each suite measures).
 
 Method. Every table row runs its contenders in turns, one call each per round, the
 order rotating from round to round, so that a machine whose speed drifts (other jobs, a
@@ -34,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -281,9 +282,10 @@ class Roofline:
     def __init__(self):
         from lazytensor.codegen.compilers import cpu_compiler
 
-        self.dir = tempfile.mkdtemp(prefix="lazytensor-roofline-")
-        path = cpu_compiler().compile(ROOFLINE_CPP, Path(self.dir), "roofline", "roofline loop")
-        self.fn = ctypes.CDLL(str(path)).roofline
+        # loaded, the library no longer needs its file: nothing is left in the temp dir
+        with tempfile.TemporaryDirectory(prefix="lazytensor-roofline-") as tmp:
+            path = cpu_compiler().compile(ROOFLINE_CPP, Path(tmp), "roofline", "roofline loop")
+            self.fn = ctypes.CDLL(str(path)).roofline
         self.fn.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                             ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
 
@@ -714,9 +716,66 @@ def machine() -> str:
             f"{torch.get_num_threads()} threads; Python {platform.python_version()}")
 
 
+SUITES = {
+    "core": "Gaussian kernel product D = 3 (with the roofline loop) and D = 64; argKmin and "
+            "LogSumExp; call overheads; one query against many points (split-j); peak memory",
+    "grad": "gradient of the Gaussian kernel product (w.r.t. x, y, sigma), D = 3 and D = 64",
+    "cpu": "Gaussian kernel product D = 3, 64, 256; vector-valued terms (K @ V, attention)",
+    "ranges": "block-sparse ranges at the README's setting; geomloss Sinkhorn (online, "
+              "multiscale) against pykeops and geomloss's tensorized backend "
+              "(benchmarks.bench_ranges)",
+    "all": "every table of the suites above",
+}
+
+
+def _plan(args) -> list:
+    """The tables of ``args.suite``, in order: (title, function making the table)."""
+    quick, suite = args.quick, args.suite
+    sizes3 = [1000, 10_000] if quick else [1000, 10_000, 100_000, 200_000]
+    sizes64 = [1000, 4000] if quick else [1000, 10_000, 30_000, 100_000]
+    plan = []
+    if suite in ("core", "all", "cpu"):
+        plan.append(("Gaussian D = 3", lambda: gauss_table(3, sizes3, args, Roofline())))
+        plan.append(("Gaussian D = 64", lambda: gauss_table(64, sizes64, args)))
+    if suite in ("cpu", "all"):
+        sizes256 = [1000, 4000] if quick else [1000, 10_000, 30_000]
+        plan.append(("Gaussian D = 256", lambda: gauss_table(256, sizes256, args)))
+        plan.append(("vector-valued terms",
+                     lambda: wide_table(args, [2000] if quick else [10_000, 30_000])))
+    if suite in ("core", "all"):
+        plan.append(("argKmin and LogSumExp",
+                     lambda: reductions_table(args, [2000] if quick else [10_000, 50_000])))
+        plan.append(("call overheads", lambda: overhead_table(args)))
+        plan.append(("split-j", lambda: split_j_table(args)))
+        plan.append(("peak memory", lambda: memory_table(args)))
+    if suite in ("grad", "all"):
+        gsizes = [1000, 4000] if quick else [1000, 4000, 10_000, 30_000]
+        plan.append(("gradient D = 3", lambda: grad_table(3, gsizes, args)))
+        plan.append(("gradient D = 64", lambda: grad_table(64, gsizes, args)))
+    if suite in ("ranges", "all"):
+        from benchmarks import bench_ranges
+
+        bench_ranges.configure(args)
+        plan.append(("block-sparse ranges", lambda: bench_ranges.ranges_table(args)))
+        plan.append(("geomloss Sinkhorn", lambda: bench_ranges.client_table(args)))
+    return plan
+
+
+def _elapsed(seconds: float) -> str:
+    minutes, seconds = divmod(int(seconds), 60)
+    return f"{minutes} min {seconds:02d} s" if minutes else f"{seconds} s"
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--suite", choices=("core", "grad", "cpu", "ranges", "all"), default="core")
+    suites = "\n".join(textwrap.fill(text, 88, initial_indent=f"  {name:6s}",
+                                      subsequent_indent=" " * 8) for name, text in SUITES.items())
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.bench", description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"suites (--suite):\n{suites}\n\nEach table prints a '[k/n]' progress line, "
+               "then its rows as they are measured.")
+    p.add_argument("--suite", choices=tuple(SUITES), default="core",
+                   help="which tables to measure (default: core; see below)")
     p.add_argument("--quick", action="store_true", help="small sizes, few rounds")
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--budget", type=float, default=None, help="seconds a contender call may take")
@@ -733,29 +792,13 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     tables = []
     print(f"machine: {machine()}")
-    sizes3 = [1000, 10_000] if quick else [1000, 10_000, 100_000, 200_000]
-    sizes64 = [1000, 4000] if quick else [1000, 10_000, 30_000, 100_000]
-    if args.suite in ("core", "all", "cpu"):
-        roof = Roofline()
-        tables.append(gauss_table(3, sizes3, args, roof))
-        tables.append(gauss_table(64, sizes64, args))
-    if args.suite in ("cpu", "all"):
-        tables.append(gauss_table(256, [1000, 4000] if quick else [1000, 10_000, 30_000], args))
-        tables.append(wide_table(args, [2000] if quick else [10_000, 30_000]))
-    if args.suite in ("core", "all"):
-        tables.append(reductions_table(args, [2000] if quick else [10_000, 50_000]))
-        tables.append(overhead_table(args))
-        tables.append(split_j_table(args))
-        tables.append(memory_table(args))
-    if args.suite in ("grad", "all"):
-        gsizes = [1000, 4000] if quick else [1000, 4000, 10_000, 30_000]
-        tables.append(grad_table(3, gsizes, args))
-        tables.append(grad_table(64, gsizes, args))
-    if args.suite in ("ranges", "all"):
-        from benchmarks import bench_ranges
-
-        bench_ranges.configure(args)
-        tables += [bench_ranges.ranges_table(args), bench_ranges.client_table(args)]
+    plan = _plan(args)
+    started = time.perf_counter()
+    for k, (name, make_table) in enumerate(plan, 1):
+        print(f"\n[{k}/{len(plan)}] {name} ({_elapsed(time.perf_counter() - started)} "
+              "elapsed)", flush=True)
+        tables.append(make_table())
+    print(f"\n{len(plan)} tables in {_elapsed(time.perf_counter() - started)}")
     if args.write:
         words = list(argv if argv is not None else sys.argv[1:])
         words = ["FILE" if w == args.write else w.replace(args.write, "FILE") for w in words]

@@ -1,4 +1,4 @@
-"""Compilers: C++ source to a shared library (system g++), CUDA source to a cubin (nvcc).
+"""Compilers: C++ source to a shared library (system g++); nvcc is in :mod:`.cuda.nvcc`.
 
 Each compiler has an identity (its executables' stamps, flags, target, and the
 environment variables it reads) that goes into the cache key, so a changed compiler,
@@ -266,57 +266,6 @@ class CpuCompiler:
 @functools.cache
 def cpu_compiler() -> CpuCompiler:
     return CpuCompiler()
-
-
-def nvcc_path() -> str | None:
-    for c in (os.environ.get("NVCC"), "nvcc", "/usr/local/cuda/bin/nvcc"):
-        if c and shutil.which(c):
-            return shutil.which(c)
-    return None
-
-
-CUDA_FLAGS = ("-O3", "-std=c++14", "--use_fast_math")
-
-
-@functools.cache
-def _cuda_static_identity(arch: str) -> dict:
-    nvcc = nvcc_path()
-    if nvcc is None:
-        raise CompilerNotFound("nvcc not found (set $NVCC or put the CUDA toolkit on PATH)")
-    try:
-        version = run_tool([nvcc, "--version"], None, 60.0).stdout.strip().splitlines()[-1:]
-    except ToolTimeout:
-        version = ["unknown"]
-    return {"compiler": _file_stamp(nvcc), "version": version,
-            "flags": " ".join(CUDA_FLAGS), "arch": arch}
-
-
-def cuda_identity(arch: str) -> dict:
-    """What a cubin depends on besides its source: nvcc (path, stamp, version), flags,
-    arch, and the environment variables nvcc and its host compiler read."""
-    return {**_cuda_static_identity(arch), "env": env_identity(CUDA_ENV)}
-
-
-def compile_cuda(source: str, workdir: Path, arch: str = "sm_90", name: str = "kernel",
-                 what: str = "", extra: tuple = ()) -> Path:
-    """Compile CUDA C++ to a cubin for ``arch`` with nvcc (no GPU needed)."""
-    nvcc = nvcc_path()
-    if nvcc is None:
-        raise CompilerNotFound("nvcc not found (set $NVCC or put the CUDA toolkit on PATH)")
-    src, out = f"{name}.cu", f"{name}.cubin"
-    cmd = [nvcc, "-cubin", f"-arch={arch}", *CUDA_FLAGS, *extra, src, "-o", out]
-    with workdir_fd(workdir) as dir_fd:
-        write_new(dir_fd, src, source)
-        try:
-            os.unlink(out, dir_fd=dir_fd)
-        except FileNotFoundError:
-            pass
-        _run_compiler(cmd, dir_fd, what)
-        data = read_file(dir_fd, out)
-        problem = "it is missing" if data is None else elf_problem(data)
-        if problem is not None:
-            raise CompileError(cmd, f"{out}: {problem}", what, why="produced a broken cubin")
-    return workdir / out
 
 
 def build_lock_timeout() -> float:

@@ -328,7 +328,7 @@ define("round", 1, c=_fn("round"), differentiable=False,
 
 # name (also the sympy function, the C function and the LazyTensor method), NumPy name
 for _name, _np_name in (
-    ("exp", "exp"), ("log", "log"), ("sqrt", "sqrt"), ("sin", "sin"), ("cos", "cos"),
+    ("exp", "exp"), ("log", "log"), ("sin", "sin"), ("cos", "cos"),
     ("tan", "tan"), ("sinh", "sinh"), ("cosh", "cosh"), ("asin", "arcsin"), ("acos", "arccos"),
     ("atan", "arctan"), ("asinh", "arcsinh"), ("acosh", "arccosh"), ("atanh", "arctanh"),
     ("erf", "erf"), ("erfc", "erfc"),
@@ -352,10 +352,22 @@ define("square", 1, sym=lambda a: a * a, c=lambda dt, a: f"({a} * {a})",
 define("inv", 1, sym=lambda a: 1 / a, c=lambda dt, a: f"((T)1 / {a})",
        ref=lambda xp, t, p: 1 / t[0], derivs=lambda a: [apply("neg", apply("pow", a, params=(-2.0,)))],
        keops=("Inv",), method="inv")
+# As KeOps: rsqrt(0) = 0, and sqrt'(a) = rsqrt(a) / 2, so that the gradient of a distance
+# sqrt(|x - y|²) at x = y is 0 (|x - y|'s subgradient), not inf * 0 = NaN.
+define("sqrt", 1, sym=_sp("sqrt"), c=_fn("sqrt"), ref=_np("sqrt"), sympy_func="sqrt",
+       derivs=lambda a: [apply("mul", _c(0.5), apply("rsqrt", a))], keops=("Sqrt",),
+       method="sqrt")
 define("rsqrt", 1, sym=lambda a: a ** _sp("Rational")(-1, 2),
-       c=lambda dt, a: f"((T)1 / {_fn('sqrt')(dt, a)})", ref=lambda xp, t, p: 1 / xp.sqrt(t[0]),
-       derivs=lambda a: [apply("mul", _c(-0.5), apply("pow", a, params=(-1.5,)))],
-       keops=("Rsqrt",), method="rsqrt")
+       c=lambda dt, a: f"({a} == 0 ? (T)0 : (T)1 / {_fn('sqrt')(dt, a)})",
+       ref=lambda xp, t, p: xp.where(t[0] == 0, 0 * t[0],
+                                     1 / xp.sqrt(xp.where(t[0] == 0, 1 + 0 * t[0], t[0]))),
+       derivs=lambda a: [apply("mul", _c(-0.5), apply("pow", apply("rsqrt", a), params=(3.0,)))],
+       keops=("Rsqrt",), method="rsqrt", doc="1 / sqrt(a), 0 at 0 (as KeOps)")
+define("powf", 2, sym=lambda a, b: a ** b, c=_fn("pow"), ref=lambda xp, t, p: t[0] ** t[1],
+       derivs=lambda a, b: [apply("mul", b, apply("powf", a, apply("sub", b, _c(1)))),
+                            apply("mul", apply("log", a), apply("powf", a, b))],
+       keops=("Powf",), method="powf",
+       doc="a ** b for a formula exponent, as C pow: signed for a < 0 and integer-valued b")
 define("sigmoid", 1, sym=lambda a: 1 / (1 + _sp("exp")(-a)),
        c=lambda dt, a: f"((T)1 / ((T)1 + {_fn('exp')(dt, '-' + a)}))",
        ref=lambda xp, t, p: 1 / (1 + xp.exp(-t[0])),

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import ir, ops
+from . import ir, ops, reductions
 from .cpu import DOT_MIN_DIM, MAX_DOT_DIM, WIDE
 from .simplify import distribute_dots, simplify
 
@@ -207,6 +207,22 @@ def linearize(formula: ir.Node, max_narrow: int = MAX_NARROW) -> Linear | None:
     for c in comps[1:]:
         narrow = ops.apply("concat", narrow, c)
     return Linear(narrow, tuple(row_terms), tuple(col_terms), direct, formula.dim, tuple(comps))
+
+
+def wide_sum(formula: ir.Node, reduction: str) -> Linear | None:
+    """The weighted-sum form the CPU kernel can use, or None: a Sum (or a softmax-weighted
+    sum / weighted log-sum-exp, whose weight is the wide part: the reductions whose
+    ``wide`` is "sum" or "softmax") whose wide terms are all weights times j-variables
+    (row terms are split off before, by the caller)."""
+    wide = reductions.get(reduction).wide
+    if wide is None or formula.dim <= WIDE:
+        return None
+    lin = linearize(formula, max_narrow=WIDE)
+    if lin is None or lin.row_terms or not lin.col_terms:
+        return None
+    if wide == "softmax" and not any(off == 0 for _, off in lin.direct):
+        return None  # the scalar f (component 0) must be one of the narrow components
+    return lin
 
 
 @dataclass(frozen=True)

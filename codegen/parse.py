@@ -13,7 +13,8 @@ numbers go through ``int()`` / ``float()``. Nothing of the string reaches genera
 except through the IR it builds. :data:`FUNCTIONS` takes the one-to-one names from the op
 registry (each op record lists its formula-string names) and the compositions
 (``SqDist``, ``Mod``, ``Kron``, ...) from :mod:`lazytensor.codegen.compositions`, which the
-``LazyTensor`` methods use too. Static shapes are written ``Ind(2, 3)`` or ``(2, 3)``.
+``LazyTensor`` methods use too. Static shapes are written ``[2, 3]`` (as KeOps), ``Ind(2, 3)``
+or ``(2, 3)``.
 
 Variable indices: an alias written with an index (``"y = Vj(1, 3)"``, ``"Var(1, 3, 1)"``)
 keeps it; one written without (``"x = Vi(3)"``) takes its position in the alias list,
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import difflib
 import keyword
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -41,7 +43,7 @@ MAX_INT = 1 << 31
 _DIGITS = frozenset("0123456789")
 _IDENT_START = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_")
 _IDENT = _IDENT_START | _DIGITS
-_PUNCT = frozenset("+-*/|(),=")
+_PUNCT = frozenset("+-*/|(),=[]")
 _CATS = {"Vi": "i", "Vj": "j", "Pm": "p"}
 _KEOPS_CATS = {0: "i", 1: "j", 2: "p"}
 
@@ -273,9 +275,10 @@ def _check_alias_name(cur: _Cursor, tok: Token):
 class Scope:
     """The variables of one reduction: aliases, then inline ``Var(...)`` met while parsing."""
 
-    def __init__(self, aliases: Sequence[str] = ()):
+    def __init__(self, aliases: Sequence[str] = (), bound: dict | None = None):
         if isinstance(aliases, str):
             aliases = [aliases]
+        self.bound: dict[str, ir.Node] = dict(bound or {})  # names of given IR nodes
         self.by_name: dict[str, VarDecl] = {}
         self.by_index: dict[int, VarDecl] = {}
         for position, text in enumerate(aliases):
@@ -314,6 +317,41 @@ class Scope:
 
     def parse(self, source: str) -> ir.Node:
         return _Parser(source, self).parse()
+
+
+def apply_function(name: str, operands: Sequence[ir.Node], options: Sequence = (),
+                   operator: bool = False) -> ir.Node:
+    """``name(*operands, *options)`` as a formula string would build it, on IR operands
+    (pykeops's ``LazyTensor.unary``/``binary``/``ternary``). Options are integers, lists of
+    integers, IR nodes, or text in formula syntax (``"[2, 3], [2, 2]"``); ``operator=True``
+    applies a binary operator (``"+"``, ``"-"``, ``"*"``, ``"/"``, ``"|"``) instead.
+
+    >>> x = ir.var(0, 3, "i")
+    >>> apply_function("Extract", [x], [1, 2]).dim, apply_function("|", [x, x], operator=True).dim
+    (2, 1)
+    """
+    bound = {f"_operand{k}": node for k, node in enumerate(operands)}
+    if operator:
+        if name not in ("+", "-", "*", "/", "|") or len(operands) != 2:
+            raise ValueError(f"unknown binary operator {name!r} (expected +, -, *, / or |)")
+        return Scope(bound=bound).parse(f"(_operand0 {name} _operand1)")
+    if name not in FUNCTIONS and name not in _USER_FUNCTIONS:
+        raise ValueError(f"unknown function {name!r}")
+    texts = list(bound)
+    for k, option in enumerate(options):
+        if isinstance(option, ir.Node):
+            bound[f"_option{k}"] = option
+            texts.append(f"_option{k}")
+        elif isinstance(option, (list, tuple)):
+            texts.append("[" + ", ".join(str(int(v)) for v in option) + "]")
+        elif isinstance(option, str):
+            texts.append(option)
+        elif isinstance(option, numbers.Integral) and not isinstance(option, bool):
+            texts.append(str(int(option)))
+        else:
+            raise ValueError(f"{name}: option {option!r} is not an integer, a list of integers "
+                             "or a formula")
+    return Scope(bound=bound).parse(f"{name}({', '.join(texts)})")
 
 
 def parse(formula: str, aliases: Sequence[str] = ()) -> tuple[ir.Node, list[VarDecl]]:
@@ -408,6 +446,8 @@ class _Parser:
                 node = self.call(tok)
                 self.depth -= 1
                 return node
+            if tok.text in self.scope.bound:
+                return self.scope.bound[tok.text]
             decl = self.scope.by_name.get(tok.text)
             if decl is None:
                 raise cur.error(self._unknown(tok.text, "name"), tok)
@@ -432,6 +472,8 @@ class _Parser:
         if tok.kind == "name" and tok.text in ("Var", "Vi", "Vj", "Pm") and cur.at_op("("):
             index, dim, cat = _var_spec(cur, tok.text, True, None)
             return self.scope.declare_inline(cur, tok, index, dim, cat).node
+        if tok.kind == "name" and not cur.at_op("(") and tok.text in self.scope.bound:
+            return self.scope.bound[tok.text]
         if tok.kind == "name" and not cur.at_op("("):
             decl = self.scope.by_name.get(tok.text)
             if decl is not None:
@@ -440,20 +482,24 @@ class _Parser:
         raise cur.error(f"expected a variable (an alias or Var(...)), found {_describe(tok)}", tok)
 
     def index_tuple(self) -> tuple:
-        """``Ind(2, 3)``, ``(2, 3)``, ``(1,)`` or a single integer: a tuple of ints >= 0."""
+        """``[2, 3]`` or ``[]`` (KeOps's syntax), ``Ind(2, 3)``, ``(2, 3)``, ``(1,)`` or a
+        single integer: a tuple of ints >= 0."""
         cur = self.cur
         if cur.peek.kind == "int":
             return (cur.integer(),)
         if cur.peek.kind == "name" and cur.peek.text == "Ind":
             cur.advance()
-        cur.expect_op("(")
-        values = [cur.integer()]
-        while cur.at_op(","):
-            cur.advance()
-            if cur.at_op(")"):
-                break
+        close = "]" if cur.at_op("[") else ")"
+        cur.expect_op("[" if close == "]" else "(")
+        values = []
+        while not cur.at_op(close):
             values.append(cur.integer())
-        cur.expect_op(")")
+            if len(values) > 64:
+                raise cur.error("a list of more than 64 integers")
+            if not cur.at_op(","):
+                break
+            cur.advance()
+        cur.expect_op(close)
         return tuple(values)
 
     def call(self, name_tok: Token) -> ir.Node:
@@ -465,10 +511,14 @@ class _Parser:
         if spec is None:
             raise cur.error(self._unknown(name, "function"), name_tok)
         kinds, builder = spec
+        required, _, optional = kinds.partition("?")  # arguments after "?" may be left out
+        kinds = required + optional
         cur.expect_op("(")
         args = []
         for k, kind in enumerate(kinds):
             if k:
+                if cur.at_op(")") and k >= len(required):
+                    break
                 if cur.at_op(")"):
                     raise cur.error(f"{name} takes {len(kinds)} arguments, got {k}")
                 cur.expect_op(",")
@@ -510,7 +560,7 @@ def _grad(f, v, g):
 
 
 # (argument kinds: "f" formula, "v" variable, "n" int >= 0, "z" int, "t" tuple of ints
-# written Ind(2, 3) or (2, 3); builder)
+# written [2, 3] (as KeOps), Ind(2, 3) or (2, 3); kinds after a "?" are optional; builder)
 FunctionSpec = tuple
 
 
@@ -545,7 +595,9 @@ FUNCTIONS: dict[str, FunctionSpec] = {
     "Extract": ("fnn", lambda f, start, n: _a("slice", f, params=(start, n))),
     "OneHot": ("fn", lambda f, d: _a("one_hot", f, params=(d,))),
     "Kron": ("fftt", compositions.kron),
-    "TensorDot": ("fftttt", compositions.tensordot),
+    "TensorDot": ("fftttt?t", compositions.tensordot),
+    "BSpline": ("ffn", compositions.bspline),
+    "SoftDTW_SqDist": ("fff", compositions.softdtw_sqdist),
     "Grad": ("fvf", _grad),
 }
 

@@ -6,6 +6,8 @@ Matrices are stored row-major in a vector: ``A`` of dimension ``n*m`` is ``A[r*m
 >>> A = ir.var(0, 6, "i"); x = ir.var(1, 3, "j")
 >>> ops.apply("matvec", A, x).dim
 2
+>>> ops.apply("matmul", A, ir.var(2, 9, "j"), params=(3,)).dim   # (2×3) @ (3×3)
+6
 """
 
 from __future__ import annotations
@@ -303,6 +305,59 @@ register(OpDef(
     ),
     doc="outer product a(n) b(m) as an n*m row-major vector", keops=("TensorProd",),
     method="tensorprod",
+))
+
+
+def _matmul_dim(dims, params):
+    (inner,) = params
+    a, b = dims
+    if inner < 1 or a % inner or b % inner:
+        raise ValueError(f"matmul: operands of dimensions {a} and {b} are not n×{inner} and "
+                         f"{inner}×m matrices")
+    return (a // inner) * (b // inner)
+
+
+def _matmul_shape(node: ir.Node):
+    inner = node.params[0]
+    return node.args[0].dim // inner, inner, node.args[1].dim // inner
+
+
+def _matmul_emit(node, out, args, dtype):
+    n, k, m = _matmul_shape(node)
+    return (f"for (int r = 0; r < {n}; ++r) for (int c = 0; c < {m}; ++c) {{ T s = 0; "
+            f"for (int q = 0; q < {k}; ++q) s += {args[0]}[r * {k} + q] * {args[1]}[q * {m} + c]; "
+            f"{out}[r * {m} + c] = s; }}")
+
+
+def _matmul_ref(xp, t, p):
+    a, b = t
+    k = int(p[0])
+    n, m = a.shape[-1] // k, b.shape[-1] // k
+    prod = _reshape(a, (*a.shape[:-1], n, k)) @ _reshape(b, (*b.shape[:-1], k, m))
+    return _reshape(prod, (*prod.shape[:-2], n * m))
+
+
+def transpose_indices(rows: int, cols: int) -> tuple:
+    """The ``gather`` indices that transpose a ``rows×cols`` row-major matrix."""
+    return tuple(r * cols + c for c in range(cols) for r in range(rows))
+
+
+def _matmul_vjp(node, g):
+    a, b = node.args
+    n, k, m = _matmul_shape(node)
+    # C = A B: dA = G Bᵀ (inner m), dB = Aᵀ G (inner n)
+    bt = apply("gather", b, params=(transpose_indices(k, m),))
+    at = apply("gather", a, params=(transpose_indices(n, k),))
+    return [apply("matmul", g, bt, params=(m,)), apply("matmul", at, g, params=(n,))]
+
+
+register(OpDef(
+    "matmul", 2, _matmul_dim, _matmul_emit, ref=_matmul_ref, vjp=_matmul_vjp,
+    jvp=lambda node, t: _sum_terms(
+        None if t[0] is None else apply("matmul", t[0], node.args[1], params=node.params),
+        None if t[1] is None else apply("matmul", node.args[0], t[1], params=node.params),
+    ),
+    doc="A (n×k) @ B (k×m), both row-major, params (k,): TensorDot's contraction",
 ))
 
 

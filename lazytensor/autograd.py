@@ -17,6 +17,7 @@ kept in the call's memo: a repeated backward runs no differentiation.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -102,11 +103,9 @@ def _vjp_plan(call: ReductionCall, needs: tuple, aux: bool) -> VjpPlan:
             sides.append(SideGradient(ks, sub, None))
             continue
         plan = plan_gradient_sum(sub.formula, len(sub.cats))
-        run = ReductionCall(plan.split.G if plan.split else plan.formula,
-                            sub.cats + ("j",) * len(plan.hoisted),
-                            sub.dims + tuple(n.dim for n in plan.hoisted), "sum", sub.opts,
-                            sub.backend, sub.library, sub.dtype, sub.device, sub.batch,
-                            sub.N, sub.M)
+        run = dataclasses.replace(sub, formula=plan.split.G if plan.split else plan.formula,
+                                  cats=sub.cats + ("j",) * len(plan.hoisted),
+                                  dims=sub.dims + tuple(n.dim for n in plan.hoisted))
         sides.append(SideGradient(ks, run, plan))
     return VjpPlan(tuple(sides))
 

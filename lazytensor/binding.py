@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .errors import ArgumentTypeError
+
 CAT_NAMES = {"i": "i-variable", "j": "j-variable", "p": "parameter"}
 
 
@@ -96,21 +98,21 @@ def bind(variables: list[Variable]) -> Signature:
     libs = {("torch" if is_torch(v.data) else "numpy") for _, v in arrays}
     if len(libs) > 1:
         desc = "; ".join(v.describe(k) for k, v in arrays)
-        raise TypeError(f"cannot mix NumPy arrays and torch tensors in one formula: {desc}")
+        raise ArgumentTypeError(f"cannot mix NumPy arrays and torch tensors in one formula: {desc}")
     library = libs.pop() if libs else "numpy"
 
     dtypes = {}
     for k, v in arrays:
         dt = array_dtype(v.data)
         if dt not in SUPPORTED_DTYPES:
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"{v.describe(k)}: unsupported dtype {dt}; expected float32 or float64 "
                 "(convert integer data with .astype(np.float32) / .float())"
             )
         dtypes[k] = dt
     if len(set(dtypes.values())) > 1:
         desc = "; ".join(variables[k].describe(k) for k in dtypes)
-        raise TypeError(f"mixed dtypes in one formula ({desc}); convert all to one dtype")
+        raise ArgumentTypeError(f"mixed dtypes in one formula ({desc}); convert all to one dtype")
     dtype = next(iter(dtypes.values()), "float64")
 
     devices = {str(v.data.device) for _, v in arrays if is_torch(v.data)}

@@ -34,9 +34,9 @@ from .kernels import KernelSpec
 class ReductionCall:
     """A bound reduction over j: the formula, its variables' layout, options, sizes.
 
-    ``memo`` holds what is worked out once for the call: its executor (kernel and launch
-    for one layout of arrays), and the gradient plans of :mod:`lazytensor.autograd` and
-    :mod:`lazytensor.dual`.
+    ``device_index`` is the GPU of a CUDA call. ``memo`` holds what is worked out once for
+    the call: its executor (kernel and launch for one layout of arrays), and the gradient
+    plans of :mod:`lazytensor.autograd` and :mod:`lazytensor.dual`.
     """
 
     formula: ir.Node
@@ -51,6 +51,7 @@ class ReductionCall:
     batch: tuple
     N: int
     M: int
+    device_index: int | None = None
     memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
@@ -68,7 +69,8 @@ class ReductionCall:
             cats = tuple(ir.swap_cat(c) for c in cats)
             N, M = M, N
         return ReductionCall(formula, tuple(cats), tuple(dims), reduction, tuple(opts),
-                             self.backend, self.library, self.dtype, self.device, self.batch, N, M)
+                             self.backend, self.library, self.dtype, self.device, self.batch, N, M,
+                             self.device_index)
 
     def spec(self, ranged: bool = False) -> KernelSpec:
         """The kernel of this call (everything static about it); ``ranged``: its
@@ -144,18 +146,27 @@ class CpuExecutor:
 
 
 def _cuda_executor(call: ReductionCall, specs: list):
-    from . import cuda_runtime  # loads the driver, only for CUDA tensors
+    from .cuda import kernels, launch  # imports pycuda, only for the GPU
 
     spec = call.spec()
-
-    def run(arrays, ranges=None):
+    run_launch = launch.launch_cuda if call.library == "torch" else launch.launch_numpy
+    if call.library == "torch":
         import torch
 
-        kernel = cuda_runtime.get_cuda_kernel(spec, call.device)
-        outs = [torch.empty(shape, dtype=dt, device=call.device) for shape, dt in specs]
+        def alloc():
+            return [torch.empty(shape, dtype=dt, device=call.device) for shape, dt in specs]
+    else:
+        def alloc():
+            return [np.empty(shape, dtype=dt) for shape, dt in specs]
+
+    def run(arrays, ranges=None):
+        if ranges is not None:
+            raise NotImplementedError("block-sparse ranges on the GPU: not yet supported (the "
+                                      "CPU backend runs them: move the inputs with .cpu())")
+        kernel = kernels.get_cuda_kernel(spec, call.device_index)
+        outs = alloc()
         if call.N > 0 and all(s > 0 for s in call.batch):
-            cuda_runtime.launch_cuda(kernel, arrays, list(call.cats), call.batch, call.N,
-                                     call.M, outs, ranges)
+            run_launch(kernel, arrays, list(call.cats), call.batch, call.N, call.M, outs)
         return outs
 
     return run

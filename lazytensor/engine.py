@@ -41,12 +41,16 @@ PLAN_CACHE_SIZE = 4096
 _warned_fallback = False
 
 
-def _resolve_backend(backend: str, device: str) -> str:
+def _resolve_backend(backend: str, device: str, library: str = "torch") -> str:
     """The backend that runs a call on ``device`` ("auto": CPU kernels, or CUDA for CUDA
-    tensors; the NumPy reference, with a warning, when no C++ compiler exists)."""
+    tensors; the NumPy reference, with a warning, when no C++ compiler exists; NumPy
+    arrays with a CUDA backend are copied to the GPU and back)."""
     global _warned_fallback
+    backend, _ = split_device(backend)
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
+    if backend == "gpu":
+        backend = "cuda"
     if device != "cpu":
         if backend == "cpu":
             raise ValueError(f"backend='cpu' got tensors on {device}; move them with .cpu()")
@@ -54,6 +58,8 @@ def _resolve_backend(backend: str, device: str) -> str:
             raise NotImplementedError(f"tensors on {device}: only CPU and CUDA are supported")
         return "numpy" if backend == "numpy" else "cuda"
     if backend == "cuda":
+        if library == "numpy":
+            return "cuda"  # copied to the GPU and back, as pykeops.numpy does
         raise ValueError("backend='cuda' needs torch CUDA tensors; move them with .cuda()")
     if backend == "auto":
         from .codegen.compilers import cpu_compiler
@@ -68,6 +74,36 @@ def _resolve_backend(backend: str, device: str) -> str:
                           RuntimeWarning, stacklevel=4)
         return "numpy"
     return backend
+
+
+def split_device(backend):
+    """``"cuda:1"`` -> ``("cuda", 1)``; ``"cpu"`` -> ``("cpu", None)``."""
+    if isinstance(backend, str) and ":" in backend:
+        name, _, index = backend.partition(":")
+        if name in ("cuda", "gpu") and index.isdigit():
+            return name, int(index)
+    return backend, None
+
+
+def _gpu_device(backend, sig) -> str:
+    """The device of a NumPy call on the GPU: ``cuda:k`` (k from the backend, default 0);
+    for torch tensors their own device, which a ``cuda:k`` backend must match."""
+    _, index = split_device(backend)
+    if sig.library == "numpy":
+        return f"cuda:{index or 0}"
+    if index is not None and sig.device.startswith("cuda") and sig.device != f"cuda:{index}":
+        raise ValueError(f"device_id={index} (backend {backend!r}) but the tensors are on "
+                         f"{sig.device}: move them with .to('cuda:{index}')")
+    return sig.device
+
+
+def cuda_index(device: str) -> int:
+    """``"cuda:1"`` -> 1; ``"cuda"`` -> torch's current device."""
+    if ":" in device:
+        return int(device.split(":", 1)[1])
+    import torch
+
+    return torch.cuda.current_device()
 
 
 @dataclass(eq=False)
@@ -87,7 +123,7 @@ class Plan:
     apply: Callable | None = None
     run_call: ReductionCall | None = None
     dual_slots: tuple = ()
-    scalars: dict = field(default_factory=dict)  # value -> 1-element array
+    scalars: dict = field(default_factory=dict)  # float.hex(value) -> 1-element array
 
     def run(self, variables: list, ranges=None):
         """The outputs of the reduction on ``variables`` (of the kinds it was prepared for),
@@ -109,12 +145,14 @@ class Plan:
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def _scalar(self, value: float):
-        a = self.scalars.get(value)
+        # keyed by the bits: -0.0 == 0.0 (and hashes alike) but atan2, 1/x, copysign tell them apart
+        key = float(value).hex()
+        a = self.scalars.get(key)
         if a is None:
             if len(self.scalars) >= 16:
                 self.scalars.clear()
             call = self.call
-            a = self.scalars[value] = scalar_array(value, call.library, call.dtype, call.device)
+            a = self.scalars[key] = scalar_array(value, call.library, call.dtype, call.device)
         return a
 
 
@@ -219,10 +257,14 @@ def prepare(formula: ir.Node, variables: list, reduction: str, axis: int, opts: 
         cats = [ir.swap_cat(c) for c in cats]
         N, M = M, N
     red.check(formula.dim, opts, None if ranged else M)
-    backend = _resolve_backend(backend, sig.device)
+    resolved = _resolve_backend(backend, sig.device, sig.library)
+    device, index = sig.device, None
+    if resolved == "cuda":
+        device = _gpu_device(backend, sig)
+        index = cuda_index(device)
     call = ReductionCall(formula, tuple(cats), tuple(dims), red.name,
-                         tuple(sorted(opts.items())), backend, sig.library, sig.dtype,
-                         sig.device, sig.batch, N, M)
+                         tuple(sorted(opts.items())), resolved, sig.library, sig.dtype,
+                         device, sig.batch, N, M, index)
     plan = Plan(call, red, opts)
     requires = tuple(bool(getattr(v.data, "requires_grad", False)) for v in variables)
     if sig.library == "torch" and _grad_enabled() and any(requires):

@@ -22,7 +22,8 @@ import numpy as np
 from . import engine
 from .binding import Variable, array_dtype, is_torch
 from .codegen import ops, parse
-from .options import check_axis, genred_reduction, keops_backend, reduction_options
+from .errors import ArgumentTypeError
+from .options import check_axis, gpu_options, keops_reduction, reduction_options
 
 
 class Genred:
@@ -33,9 +34,11 @@ class Genred:
     ``(M, D)`` for ``Vj``, ``(D,)`` for ``Pm``, with optional leading batch dimensions
     (``(B, N, D)``, ``(B, D)``). ``opt_arg`` is K for the K-min reductions; ``formula2``
     the weights of ``LogSumExp`` and ``SumSoftMaxWeight``. ``dtype``, ``cuda_type``,
-    ``enable_chunks``, ``use_fast_math`` and ``rec_multVar_highdim`` are accepted for
-    compatibility and have no effect (the arrays' dtype decides, as in pykeops 2). The call
-    takes pykeops's backend names too ("CPU", "GPU", "GPU_1D", ...).
+    ``enable_chunks`` and ``rec_multVar_highdim`` are accepted for compatibility and have no
+    effect (the arrays' dtype decides, as in pykeops 2); ``use_fast_math=True`` lets CUDA
+    kernels use approximate intrinsics (unlike pykeops, not the default). The call takes
+    pykeops's backend names too ("CPU", "GPU", "GPU_1D", ...) and ``device_id`` (NumPy
+    arrays with ``backend="GPU"`` are copied to that GPU and back).
 
     >>> import numpy as np
     >>> nn = Genred("SqDist(x, y)", ["x = Vi(2)", "y = Vj(2)"], "ArgKMin", axis=1, opt_arg=3)
@@ -45,9 +48,10 @@ class Genred:
 
     def __init__(self, formula, aliases, reduction_op="Sum", axis=0, dtype=None, opt_arg=None,
                  formula2=None, dtype_acc="auto", use_double_acc=False, sum_scheme="auto",
-                 enable_chunks=True, rec_multVar_highdim=None, use_fast_math=True, cuda_type=None):
+                 enable_chunks=True, rec_multVar_highdim=None, use_fast_math=None, cuda_type=None):
         check_axis(axis)
-        self.reduction, self.opts = genred_reduction(reduction_op, opt_arg, formula2)
+        self.reduction, self.opts = keops_reduction(reduction_op, opt_arg, formula2)
+        self.opts.update(gpu_options("auto", None, use_fast_math)[1])
         scope = parse.Scope(aliases)
         node = scope.parse(formula)
         if formula2 is not None:
@@ -67,7 +71,7 @@ class Genred:
 
     def __call__(self, *args, backend="auto", device_id=-1, ranges=None, out=None):
         """Run the reduction on one array per variable (index order)."""
-        backend = str(keops_backend(backend)).lower()
+        backend = str(gpu_options(backend, device_id)[0]).lower()
         variables = bind_arguments(self.variables, args)
         if ranges is not None:  # block-sparse (see lazytensor.ranges)
             from . import ranges as ranges_mod
@@ -90,22 +94,37 @@ def bind_arguments(decls, args) -> list:
     """Canonical :class:`Variable` objects for the call's arrays, checked against the aliases."""
     if len(args) != len(decls):
         names = ", ".join(d.describe() for d in decls)
-        raise TypeError(f"expected {len(decls)} arrays ({names}), got {len(args)}")
-    return [_bind_one(d, a, k) for k, (d, a) in enumerate(zip(decls, args))]
+        raise ArgumentTypeError(f"expected {len(decls)} arrays ({names}), got {len(args)}")
+    bound = [_bind_one(d, a, k) for k, (d, a) in enumerate(zip(decls, args))]
+    return _drop_unit_parameter_batches(bound)
+
+
+def _drop_unit_parameter_batches(variables: list) -> list:
+    """A parameter of shape ``(1, D)`` (or ``(1, 1, D)``) with unbatched variables is a
+    ``(D,)`` parameter, as in pykeops (whose batch dimensions are ``max(ndim) - 2``):
+    Falkon passes its kernel parameters as ``(1, 1)`` tensors."""
+    nb = max((len(v.batch) for v in variables if v.cat != "p" and not v.is_scalar), default=0)
+    out = []
+    for v in variables:
+        extra = len(v.batch) - nb
+        if v.cat == "p" and not v.is_scalar and extra > 0 and all(b == 1 for b in v.batch[:extra]):
+            v = Variable(v.data.reshape(v.data.shape[extra:]), "p", v.dim, v.label)
+        out.append(v)
+    return out
 
 
 def _bind_one(decl, x, k):
     what = f"argument {k} ({decl.describe()})"
     if isinstance(x, numbers.Number) and not isinstance(x, bool):
         if decl.cat != "p" or decl.dim != 1:
-            raise TypeError(f"{what}: got a number, expected an array")
+            raise ArgumentTypeError(f"{what}: got a number, expected an array")
         return Variable(float(x), "p", 1, decl.name or "")
     if isinstance(x, (list, tuple)):
         x = np.asarray(x, dtype=np.float64)
     if not (is_torch(x) or isinstance(x, np.ndarray)):
-        raise TypeError(f"{what}: expected a NumPy array or a torch tensor, got {type(x).__name__}")
+        raise ArgumentTypeError(f"{what}: expected a NumPy array or a torch tensor, got {type(x).__name__}")
     if array_dtype(x) in ("float16", "bfloat16"):
-        raise TypeError(f"{what}: got {array_dtype(x)} data of shape {tuple(x.shape)}; expected "
+        raise ArgumentTypeError(f"{what}: got {array_dtype(x)} data of shape {tuple(x.shape)}; expected "
                         "float32 or float64 (pykeops supports half precision on GPUs only): "
                         "convert with .float() / .astype(np.float32)")
     if decl.cat == "p":

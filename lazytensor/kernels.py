@@ -6,7 +6,8 @@ the file the build leaves, and ``render`` / ``compile``. The two steps every run
 shares are here, once:
 
 - :func:`kernel_binary`: key, disk-cache read (verified bytes), else render and compile
-  into the cache (``LAZYTENSOR_DEBUG=1`` prints the key and the source);
+  into the cache (``LAZYTENSOR_DEBUG=1`` prints the key and the source; a slow compile
+  is logged through :func:`lazytensor.progress.compile_notice`);
 - :func:`load_once`: the in-process table in front of it, one build per key even when
   threads ask at the same time.
 
@@ -27,11 +28,13 @@ import json
 import os
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from .codegen import ir
+from .progress import compile_notice
 
 CACHE_FORMAT = "lazytensor-kernel-4"
 
@@ -118,11 +121,15 @@ def kernel_binary(backend: Backend, spec: KernelSpec):
     binary = cache.read(key, backend.artifact)
     if binary is None:
         def build(tmpdir):
+            started = time.perf_counter()
             source = backend.render(spec)
             if debug():
                 print(f"[lazytensor] building {backend.label} {key}{backend.detail}\n{source}",
                       file=sys.stderr)
             backend.compile(source, tmpdir, f"{spec.reduction} of {ir.to_text(spec.formula)[:300]}")
+            where = "" if backend.name == "cpu" else f"{backend.name} "
+            compile_notice(f"{where}{spec.dtype} {spec.reduction} of {ir.to_text(spec.formula)}",
+                           time.perf_counter() - started)
             return {"reduction": spec.reduction, "dtype": spec.dtype, **backend.meta,
                     "formula": ir.to_text(spec.formula)[:500]}
 

@@ -11,16 +11,27 @@
 
 from __future__ import annotations
 
+import importlib
 import numbers
 
 import numpy as np
 
-from . import engine
+from . import engine, materialize
 from . import solve as linear_solve
 from .binding import Variable, array_dtype, bind, is_torch
 from .cluster import swap_axes
 from .codegen import compositions, ir, ops
+from .distributed import context as distributed_context
+from .errors import ArgumentTypeError
+from .keops_methods import KeOpsMethods
 from .options import split_reduction_keywords
+
+
+def _interop():
+    """:mod:`lazytensor.interop`, loaded by name on first use: it sits above this module (its
+    rules build LazyTensors and subclass it), so this module names it instead of importing
+    it, and the import graph keeps one direction."""
+    return importlib.import_module(f"{__package__}.interop")
 
 
 def _canonical(x, axis):
@@ -72,11 +83,11 @@ def _as_array(x):
         try:
             return np.asarray(x, dtype=np.float64)
         except (TypeError, ValueError) as e:
-            raise TypeError(f"LazyTensor cannot convert a {type(x).__name__} to a float64 array: {e}") from None
-    raise TypeError(f"LazyTensor cannot wrap an object of type {type(x).__name__}")
+            raise ArgumentTypeError(f"LazyTensor cannot convert a {type(x).__name__} to a float64 array: {e}") from None
+    raise ArgumentTypeError(f"LazyTensor cannot wrap an object of type {type(x).__name__}")
 
 
-class LazyTensor:
+class LazyTensor(KeOpsMethods):
     """A symbolic array of shape ``(*batch, N, M, D)`` defined by a formula.
 
     Build leaves from arrays (``LazyTensor(x[:, None, :])``, ``Vi(x)``, ``Vj(y)``, ``Pm(p)``),
@@ -108,7 +119,7 @@ class LazyTensor:
         if dim < 1:
             raise ValueError(f"LazyTensor got shape {tuple(x.shape)}: the vector dimension is 0")
         if data.is_complex() if is_torch(data) else np.iscomplexobj(data):
-            raise TypeError(f"LazyTensor got complex data (shape {tuple(x.shape)}, dtype "
+            raise ArgumentTypeError(f"LazyTensor got complex data (shape {tuple(x.shape)}, dtype "
                             f"{array_dtype(data)}); expected float32 or float64")
         _check_not_half(x if hasattr(x, "shape") else data, "LazyTensor got")
         self.formula = ir.var(0, dim, cat)
@@ -167,6 +178,39 @@ class LazyTensor:
 
     def __repr__(self) -> str:
         return f"LazyTensor({ir.to_text(self.formula)}, {len(self.variables)} variables)"
+
+    # ------------------------------------------------------------------ NumPy and torch
+    # np.exp(K), np.sum(K, axis=1), torch.logsumexp(K, dim=1), t + K ... (lazytensor.interop).
+    # No implicit dense copy: np.asarray(K), and torch.as_tensor(K) through len(K), refuse.
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        return _interop().array_ufunc(ufunc, method, inputs, kwargs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        return _interop().array_function(func, types, args, kwargs)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return _interop().torch_function(func, types, args, kwargs)
+
+    def __array__(self, dtype=None, copy=None):
+        materialize.refuse_implicit(self, "np.asarray(K) / np.array(K)")
+
+    def __len__(self):
+        materialize.refuse_implicit(self, "len(K) / torch.as_tensor(K) / torch.tensor(K)")
+
+    def __bool__(self) -> bool:  # truthy as any object (Python would ask __len__ otherwise)
+        return True
+
+    def dense(self, max_bytes: int = materialize.DEFAULT_MAX_BYTES):
+        """The dense array of shape ``K.shape`` (chunked; differentiable for torch data), for
+        small problems and debugging; refuses above ``max_bytes`` (default 256 MiB).
+
+        >>> x = np.random.rand(4, 2)
+        >>> Vi(x).sqdist(Vj(x)).dense().shape
+        (4, 4)
+        """
+        return materialize.dense(self, max_bytes)
 
     def _merged(self, other: LazyTensor):
         """Variables of both operands (shared ones once) and ``other``'s formula renumbered."""
@@ -263,16 +307,23 @@ class LazyTensor:
     __hash__ = object.__hash__
 
     def __pow__(self, p):
-        """``x ** p``: static int/float exponents (0.5 -> sqrt, -0.5 -> rsqrt), or a formula."""
+        """``x ** p``: static int/float exponents (0.5 -> sqrt, -0.5 -> rsqrt, which is 0 at 0
+        as in pykeops), or a formula (:meth:`powf`)."""
         if isinstance(p, numbers.Number) and not isinstance(p, bool):
             return self._build(lambda f: compositions.power(f, p))
         return self.powf(p)
 
     def __rpow__(self, base):
-        return LazyTensor(base)._build(compositions.powf, self)
+        return self._operand(base)._build(compositions.powf, self)
 
     def powf(self, p):
-        """``self ** p`` for a formula exponent: ``exp(log(self) p)``."""
+        """``self ** p`` for a formula exponent, as C ``pow``: for a negative base and an
+        integer-valued exponent, the signed power (NaN for other exponents).
+
+        >>> x, p = np.array([[-2.0], [3.0]]), np.array([[3.0]])
+        >>> Vi(x).powf(Vj(p)).sum(1)[:, 0].tolist()
+        [-8.0, 27.0]
+        """
         return self._build(compositions.powf, p)
 
     def __or__(self, o):
@@ -296,7 +347,7 @@ class LazyTensor:
         if self.formula.dim != 1:
             raise ValueError(f"K @ v needs a scalar formula K, got dimension {self.formula.dim}")
         if isinstance(v, LazyTensor):
-            raise TypeError("K @ v takes an array v of shape (M, E), not a LazyTensor")
+            raise ArgumentTypeError("K @ v takes an array v of shape (M, E), not a LazyTensor")
         v = _as_array(v)
         if v.ndim == 0:
             raise ValueError("K @ v needs v of shape (M,) or (M, E) (or (*batch, M, E)), got a 0D array")
@@ -494,6 +545,11 @@ class LazyTensor:
 
         ``dimfself`` and ``dimfother`` are their shapes (same number of axes); the result
         has shape ``(d0*e0, d1*e1, ...)``, flattened row-major, as ``numpy.kron``.
+
+        >>> a, b = np.random.rand(4, 6), np.random.rand(5, 4)
+        >>> k = Vi(a).keops_kron(Vj(b), (2, 3), (2, 2)).sum(1)
+        >>> np.allclose(k[0], sum(np.kron(a[0].reshape(2, 3), c.reshape(2, 2)).ravel() for c in b))
+        True
         """
         return self._build(lambda a, b: compositions.kron(a, b, dimfself, dimfother), other)
 
@@ -501,10 +557,18 @@ class LazyTensor:
         """``numpy.tensordot`` of two tensors stored row-major in the vector dimension.
 
         ``dimfa``/``dimfb`` are their shapes, ``contfa``/``contfb`` the axes contracted
-        together; the result holds the free axes of ``self`` then those of ``other``.
+        together; the result holds the free axes of ``self`` then those of ``other``, moved
+        by the optional permutation as in pykeops (axis ``k`` goes to ``perm[k]``).
+
+        >>> a, b = np.random.rand(3, 6), np.random.rand(1, 12)
+        >>> t = Vi(a).keops_tensordot(Vj(b), (2, 3), (3, 4), (1,), (0,), (1, 0)).sum(1)
+        >>> np.allclose(t[0], (a[0].reshape(2, 3) @ b[0].reshape(3, 4)).T.ravel())
+        True
         """
+        if len(args) > 1:
+            raise ValueError(f"keops_tensordot takes one permutation after contfb, got {args!r}")
         return self._build(
-            lambda a, b: compositions.tensordot(a, b, dimfa, dimfb, contfa, contfb), other)
+            lambda a, b: compositions.tensordot(a, b, dimfa, dimfb, contfa, contfb, *args), other)
 
     def difference_matrix(self, other):
         """``(x_k - y_l)`` for all k, l: an (D1*D2)-vector (row-major)."""
@@ -543,13 +607,22 @@ class LazyTensor:
         return dim is not None and not isinstance(dim, bool) and dim in (-1, self.nbatchdims + 2)
 
     def _reduce(self, reduction, dim, axis=None, backend="auto", opts=None, call=True, out=None,
-                grad_mode=None, ranges=None, **unknown):
+                grad_mode=None, ranges=None, group=None, **unknown):
         if unknown:
             raise TypeError(f"{reduction}() got an unexpected keyword argument {next(iter(unknown))!r}")
         axis_ = self._axis(dim, axis, reduction)
         opts = dict(opts or {})
         ranges = self.ranges if ranges is None else ranges
-        if ranges is None:
+        sharding = distributed_context.active(group)
+        if sharding is not None:  # over the ranks of a process group (lazytensor.distributed)
+            if ranges is not None:
+                raise NotImplementedError(f"{reduction}: block-sparse ranges in a distributed "
+                                          "reduction are not supported")
+            from .distributed import api as distributed_api
+
+            def run_reduction(*args):
+                return distributed_api.reduce(*args, sharding=sharding)
+        elif ranges is None:
             run_reduction = engine.reduce
         else:
             from . import ranges as ranges_mod
@@ -582,8 +655,11 @@ class LazyTensor:
         ``argmax`` too); with reduction options but no dim it asks for the dim.
         Options as pykeops: ``sum_scheme`` ("block_sum" default, "direct_sum",
         "kahan_scheme"), ``dtype_acc`` / ``use_double_acc``, ``backend`` ("CPU", "GPU" ...
-        too); ``enable_chunks``, ``use_fast_math``, ``device_id`` are accepted without effect;
-        ``grad_mode`` for torch gradients.
+        too); ``device_id`` picks the GPU, ``use_fast_math=True`` allows approximate CUDA
+        intrinsics; ``enable_chunks`` is accepted without effect;
+        ``grad_mode`` for torch gradients; ``group`` (a ``torch.distributed`` process group,
+        or a :class:`lazytensor.distributed.Sharding`) runs it over the group's ranks, each
+        holding its own rows (:mod:`lazytensor.distributed`; every reduction takes it).
         An empty reduction (no j, or no i for dim=0) gives 0; NaN terms give NaN, +inf and
         -inf terms together give NaN, as in NumPy.
         """
@@ -657,8 +733,9 @@ class LazyTensor:
         backend, opts, kw = split_reduction_keywords("kmin_argkmin", backend, kw, {"K": K})
         return self._reduce("kmin_argkmin", dim, axis, backend, opts, **kw)
 
-    def logsumexp(self, dim=None, axis=None, weight=None, backend="auto", **kw):
-        """``log Σ exp(self)`` (stable); with ``weight``: ``log Σ exp(self) * weight``.
+    def logsumexp(self, dim=None, axis=None, weight=None, backend="auto", other=None, **kw):
+        """``log Σ exp(self)`` (stable); with ``weight`` (or ``other``, as pykeops calls it):
+        ``log Σ exp(self) * weight``.
 
         An empty reduction (or all terms -inf) gives -inf; a NaN term gives NaN.
 
@@ -666,6 +743,10 @@ class LazyTensor:
         >>> (Vi(x) | Vj(y)).logsumexp(dim=1, weight=Vj(np.ones((6, 3)))).shape
         (5, 3)
         """
+        if other is not None:
+            if weight is not None:
+                raise ValueError("logsumexp: give the weight once, as weight= or as other=")
+            weight = other
         if weight is None:
             backend, opts, kw = split_reduction_keywords("logsumexp", backend, kw)
             return self._reduce("logsumexp", dim, axis, backend, opts, **kw)
@@ -783,7 +864,7 @@ def _check_not_half(data, what: str):
     """A clear error for float16/bfloat16 data (the binding's message is about integers)."""
     dt = array_dtype(data)
     if dt in ("float16", "bfloat16"):
-        raise TypeError(f"{what} {dt} data (shape {tuple(data.shape)}); expected float32 or "
+        raise ArgumentTypeError(f"{what} {dt} data (shape {tuple(data.shape)}); expected float32 or "
                         "float64 (pykeops supports half precision on GPUs only): convert with "
                         ".float() / .astype(np.float32)")
 

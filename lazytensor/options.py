@@ -1,19 +1,19 @@
 """pykeops's options, parsed in one place for ``LazyTensor``, ``Genred`` and ``KernelSolve``.
 
-- backend names: ours (``"auto"``, ``"cpu"``, ``"cuda"``, ``"numpy"``) and pykeops's
-  (``"CPU"``, ``"GPU"``, ``"GPU_1D"``, ...);
+- backend names: ours (``"auto"``, ``"cpu"``, ``"cuda"`` or ``"gpu"``, ``"cuda:k"``,
+  ``"numpy"``) and pykeops's (``"CPU"``, ``"GPU"``, ``"GPU_1D"``, ...), with ``device_id``;
 - the accuracy options ``dtype_acc`` / ``use_double_acc`` and ``sum_scheme``, with
   pykeops's rules (the sum-type reductions only);
 - ``Genred``'s ``reduction_op`` / ``opt_arg`` / ``formula2``, read from the reduction
   registry (pykeops names, K, weights);
-- keywords that tune pykeops's CUDA code (``enable_chunks``, ``use_fast_math``, ...):
-  accepted without effect;
+- keywords that tune pykeops's CUDA code: ``use_fast_math=True`` (approximate CUDA
+  intrinsics), the others (``enable_chunks``, ...) accepted without effect;
 - ``grad_mode`` ("auto", "symbolic", "dual": how torch gradients are computed, see
   :mod:`lazytensor.dual`) and its process-wide default.
 
 >>> reduction_options("sum", use_double_acc=True, sum_scheme="kahan_scheme")
 {'dtype_acc': 'float64', 'sum_scheme': 'kahan_scheme'}
->>> genred_reduction("ArgKMin", 5, None), keops_backend("GPU_2D")
+>>> keops_reduction("ArgKMin", 5), keops_backend("GPU_2D")
 (('argkmin', {'K': 5}), 'cuda')
 """
 
@@ -23,7 +23,7 @@ import numbers
 
 from .codegen import reductions
 
-BACKENDS = ("auto", "cpu", "cuda", "numpy")
+BACKENDS = ("auto", "cpu", "cuda", "gpu", "numpy")  # "gpu" = "cuda"; "cuda:k" picks GPU k
 
 # pykeops's backend names -> ours. "GPU_1D"/"GPU_2D" (and their "_host"/"_device" forms)
 # choose a CUDA scheme in pykeops; here the CUDA backend picks its own scheme.
@@ -31,7 +31,8 @@ _KEOPS_BACKENDS = {"CPU": "cpu", "GPU": "cuda"}
 _GPU_SCHEMES = ("1D", "2D", "1D_host", "2D_host", "1D_device", "2D_device")
 
 # Genred/reduction keywords of pykeops that tune its CUDA code generation: accepted and
-# without effect here (device_id: the tensors' own device decides).
+# without effect where nothing reads them (the reductions read device_id and
+# use_fast_math, see gpu_options).
 IGNORED_OPTIONS = ("enable_chunks", "use_fast_math", "optional_flags", "device_id",
                    "rec_multVar_highdim")
 
@@ -47,6 +48,27 @@ def keops_backend(backend) -> str:
                 head == "GPU" and backend[4:] in _GPU_SCHEMES)):
             return _KEOPS_BACKENDS[head]
     return backend
+
+
+def gpu_options(backend, device_id=None, use_fast_math=None) -> tuple:
+    """``(backend, opts)`` for pykeops's GPU keywords: ``device_id=k`` with a GPU backend
+    picks GPU k (``"cuda:k"``: NumPy arrays are copied there; torch tensors must be
+    there); ``use_fast_math=True`` lets CUDA kernels use approximate intrinsics (the
+    default is IEEE-accurate functions).
+
+    >>> gpu_options("GPU", device_id=1)
+    ('cuda:1', {})
+    """
+    backend = keops_backend(backend)
+    if device_id is not None and not isinstance(device_id, bool) and \
+            isinstance(device_id, numbers.Integral) and device_id >= 0 and \
+            backend in ("cuda", "gpu"):
+        backend = f"cuda:{int(device_id)}"
+    elif device_id is not None and not (isinstance(device_id, numbers.Integral)
+                                        and not isinstance(device_id, bool)):
+        raise ValueError(f"device_id must be an integer (-1: the default device), got "
+                         f"{device_id!r}")
+    return backend, ({"use_fast_math": True} if use_fast_math is True else {})
 
 
 def check_axis(axis) -> int:
@@ -99,9 +121,14 @@ def reduction_options(reduction: str, dtype_acc="auto", use_double_acc=False,
     return opts
 
 
-def genred_reduction(reduction_op: str, opt_arg, formula2) -> tuple[str, dict]:
-    """``(reduction name, options)`` of ``Genred``'s ``reduction_op`` (a pykeops name, any
-    case, ``_Reduction`` suffix allowed), ``opt_arg`` (K) and ``formula2`` (weights)."""
+def keops_reduction(reduction_op: str, opt_arg=None, formula2=None) -> tuple[str, dict]:
+    """``(our reduction name, options)`` for a pykeops reduction name (any case,
+    ``_Reduction`` suffix allowed: "Sum", "ArgKMin" with ``opt_arg`` K, "LogSumExp" with
+    weights ``formula2`` ...), read from the reduction registry.
+
+    >>> keops_reduction("ArgKMin", 3)
+    ('argkmin', {'K': 3})
+    """
     if not isinstance(reduction_op, str):
         raise TypeError(f"reduction_op must be a string, got {type(reduction_op).__name__}")
     key = reduction_op.lower().removesuffix("_reduction")
@@ -129,16 +156,18 @@ def split_reduction_keywords(reduction: str, backend, kw: dict, opts: dict | Non
     """``(backend, opts, other keywords)`` from the keywords a LazyTensor reduction takes.
 
     pykeops's backend names map to ours; the accuracy options go through
-    :func:`reduction_options`; the options of pykeops's CUDA code are dropped. The rest
+    :func:`reduction_options`; ``device_id`` and ``use_fast_math`` through
+    :func:`gpu_options`; the other options of pykeops's CUDA code are dropped. The rest
     (``call``, ``out``, ``ranges`` ...) is returned for the caller, which rejects unknown
     ones by name.
     """
     kw = dict(kw)
     acc = {k: kw.pop(k) for k in ACCURACY_OPTIONS if k in kw}
+    backend, gpu = gpu_options(backend, kw.pop("device_id", None), kw.pop("use_fast_math", None))
     for k in IGNORED_OPTIONS:
         kw.pop(k, None)
-    opts = {**(opts or {}), **reduction_options(reduction, **acc)}
-    return keops_backend(backend), opts, kw
+    opts = {**(opts or {}), **reduction_options(reduction, **acc), **gpu}
+    return backend, opts, kw
 
 
 GRAD_MODES = ("auto", "symbolic", "dual")

@@ -28,6 +28,7 @@ from .binding import Variable, bind, is_torch
 from .codegen import ir, ops, parse
 from .genred import bind_arguments
 from .options import IGNORED_OPTIONS, check_axis, keops_backend, reduction_options
+from .progress import IterationProgress
 
 
 @dataclass(frozen=True, eq=False)
@@ -76,21 +77,32 @@ def _safe_ratio(num, den):
         return np.where(den != 0, num / np.where(den != 0, den, 1), 0 * num)
 
 
-def conjugate_gradient(apply, b, alpha=0.0, eps=1e-6, maxiter=None):
-    """Solve ``alpha x + apply(x) = b`` column by column (``b``: (*batch, rows, E)).
+def _relative_residual(rs, rs0) -> float:
+    """The worst column's ``‖r‖ / ‖b‖`` (0 for a zero right-hand side)."""
+    return float((rs / (rs0 + (rs0 == 0))).max()) ** 0.5
+
+
+def conjugate_gradient(apply, b, alpha=0.0, eps=1e-6, maxiter=None, verbose=False):
+    """Solve ``alpha x + apply(x) = b`` column by column (``b`` of shape ``(*batch, rows, E)``).
 
     Stops when every column's residual satisfies ``‖r‖ ≤ eps ‖b‖``; warns if ``maxiter``
-    iterations (default ``max(100, 10 × rows)``) do not get there.
+    iterations (default ``max(100, 10 × rows)``) do not get there. ``verbose=True``
+    reports each iteration's worst relative residual on stderr (a tqdm bar when tqdm is
+    installed, plain lines otherwise; see :class:`lazytensor.progress.IterationProgress`).
     """
     rows = b.shape[-2]
     maxiter = max(100, 10 * rows) if maxiter is None else int(maxiter)
     x = b * 0
     r = b * 1
     p = r
-    rs = _dot(r, r)
+    rs = rs0 = _dot(r, r)
     tol2 = rs * (eps * eps)
-    for _ in range(maxiter):
+    bar = IterationProgress("solve", eps) if verbose else None
+    done = 0
+    for done in range(maxiter):
         if bool((rs <= tol2).all()):
+            if bar is not None:
+                bar.close(done, _relative_residual(rs, rs0), converged=True)
             return x
         Ap = apply(p) + alpha * p
         step = _safe_ratio(rs, _dot(p, Ap))
@@ -99,7 +111,12 @@ def conjugate_gradient(apply, b, alpha=0.0, eps=1e-6, maxiter=None):
         rs_new = _dot(r, r)
         p = r + _safe_ratio(rs_new, rs) * p
         rs = rs_new
-    if not bool((rs <= tol2).all()):
+        if bar is not None:
+            bar.update(done + 1, _relative_residual(rs, rs0))
+    converged = bool((rs <= tol2).all())
+    if bar is not None:
+        bar.close(maxiter, _relative_residual(rs, rs0), converged)
+    if not converged:
         worst = float((rs / (tol2 + (tol2 == 0))).max() ** 0.5) * eps
         warnings.warn(f"conjugate gradient stopped after {maxiter} iterations with relative "
                       f"residual {worst:.2e} > eps={eps:g}; raise maxiter or alpha",
@@ -110,17 +127,17 @@ def conjugate_gradient(apply, b, alpha=0.0, eps=1e-6, maxiter=None):
 # ---------------------------------------------------------------------- autograd
 
 
-def _solve(op: KernelOperator, datas: list, b, alpha, eps, maxiter):
+def _solve(op: KernelOperator, datas: list, b, alpha, eps, maxiter, verbose=False):
     """``(alpha I + op) x = b``; a differentiable torch Function when something requires grad."""
     if is_torch(b):
         import torch
 
         tensors = [b, alpha, *datas]
         if torch.is_grad_enabled() and any(is_torch(t) and t.requires_grad for t in tensors):
-            return _function().apply(op, eps, maxiter, alpha, b, *datas)
+            return _function().apply(op, eps, maxiter, verbose, alpha, b, *datas)
         with torch.no_grad():
-            return conjugate_gradient(lambda v: op(datas, v), b, alpha, eps, maxiter)
-    return conjugate_gradient(lambda v: op(datas, v), b, alpha, eps, maxiter)
+            return conjugate_gradient(lambda v: op(datas, v), b, alpha, eps, maxiter, verbose)
+    return conjugate_gradient(lambda v: op(datas, v), b, alpha, eps, maxiter, verbose)
 
 
 _FUNCTION = None
@@ -140,10 +157,10 @@ def _make_function():
         """``x = (alpha I + K)⁻¹ b``; backward: one more solve and one kernel-product VJP."""
 
         @staticmethod
-        def forward(ctx, op, eps, maxiter, alpha, b, *datas):
+        def forward(ctx, op, eps, maxiter, verbose, alpha, b, *datas):
             with torch.no_grad():
-                x = conjugate_gradient(lambda v: op(datas, v), b, alpha, eps, maxiter)
-            ctx.op, ctx.eps, ctx.maxiter = op, eps, maxiter
+                x = conjugate_gradient(lambda v: op(datas, v), b, alpha, eps, maxiter, verbose)
+            ctx.op, ctx.eps, ctx.maxiter, ctx.verbose = op, eps, maxiter, verbose
             ctx.plain = [(is_torch(d), None if is_torch(d) else d) for d in (alpha, *datas)]
             ctx.save_for_backward(x, *[d for d in (alpha, *datas) if is_torch(d)])
             return x
@@ -155,11 +172,11 @@ def _make_function():
             create_graph = torch.is_grad_enabled()
             needs = ctx.needs_input_grad
             # A = alpha I + K is symmetric: the cotangent of b is A⁻¹ g.
-            u = _solve(ctx.op, datas, g, alpha, ctx.eps, ctx.maxiter)
+            u = _solve(ctx.op, datas, g, alpha, ctx.eps, ctx.maxiter, ctx.verbose)
             grad_alpha = None
-            if is_torch(alpha) and needs[3]:
+            if is_torch(alpha) and needs[4]:
                 grad_alpha = -(u * x).sum().reshape(alpha.shape)
-            wanted = [k for k, d in enumerate(datas) if is_torch(d) and needs[5 + k]]
+            wanted = [k for k, d in enumerate(datas) if is_torch(d) and needs[6 + k]]
             grads = [None] * len(datas)
             if wanted:
                 with torch.enable_grad():
@@ -173,7 +190,7 @@ def _make_function():
                                                 create_graph=create_graph, allow_unused=True)
                 for k, gk in zip(wanted, found):
                     grads[k] = gk if gk is not None else torch.zeros_like(datas[k])
-            return (None, None, None, grad_alpha, u if needs[4] else None, *grads)
+            return (None, None, None, None, grad_alpha, u if needs[5] else None, *grads)
 
     return KernelSolveFunction
 
@@ -212,7 +229,7 @@ def _check_alpha(alpha):
 
 
 def solve(K, b, alpha=0.0, eps=1e-6, maxiter=None, var=None, backend="auto", call=True,
-          dtype_acc="auto", use_double_acc=False, sum_scheme="auto", **ignored):
+          dtype_acc="auto", use_double_acc=False, sum_scheme="auto", verbose=False, **ignored):
     """Solve ``(alpha I + K) x = b`` for a symmetric positive (semi-)definite kernel ``K``.
 
     ``K`` is a scalar LazyTensor over (i, j) built on the same points on both sides
@@ -223,7 +240,8 @@ def solve(K, b, alpha=0.0, eps=1e-6, maxiter=None, var=None, backend="auto", cal
     tensors. As pykeops's ``K.solve``, it takes the kernel products' options (``backend``
     with pykeops's names, ``dtype_acc``, ``use_double_acc``, ``sum_scheme``) and accepts
     ``enable_chunks``/``device_id``-style ones without effect; ``call=False`` (a callable
-    to bind later) is not supported.
+    to bind later) is not supported. ``verbose=True`` reports the iterations and the
+    relative residual on stderr (a tqdm bar when tqdm is installed).
 
     >>> import numpy as np
     >>> from lazytensor import Vi, Vj
@@ -257,7 +275,7 @@ def solve(K, b, alpha=0.0, eps=1e-6, maxiter=None, var=None, backend="auto", cal
     _check_square(bind(K.variables), variables[unknown].dim, rhs, formula)
     op = KernelOperator(formula, tuple(variables), unknown, 1, opts, backend, K.ranges)
     datas = [None if k == unknown else v.data for k, v in enumerate(variables)]
-    return shape_back(_solve(op, datas, rhs, alpha, eps, maxiter))
+    return shape_back(_solve(op, datas, rhs, alpha, eps, maxiter, verbose))
 
 
 def _find_leaf(K, var) -> int:
@@ -288,7 +306,8 @@ class KernelSolve:
 
     ``formula`` is linear in the variable ``varinvalias``; with ``axis=1`` (reduction over j)
     it is a ``Vj`` variable, with ``axis=0`` a ``Vi``. The callable takes the arrays in index
-    order, the right-hand side in the place of ``varinvalias``, and returns the solution.
+    order, the right-hand side in the place of ``varinvalias``, and returns the solution;
+    ``verbose=True`` reports the iterations and the residual (see :func:`solve`).
 
     >>> import numpy as np
     >>> Kinv = KernelSolve("Exp(-SqDist(x, y)) * b", ["x = Vi(2)", "y = Vj(2)", "b = Vj(1)"],
@@ -319,7 +338,7 @@ class KernelSolve:
         self.opts = tuple(sorted(reduction_options("sum", dtype_acc, use_double_acc, sum_scheme).items()))
 
     def __call__(self, *args, backend="auto", device_id=-1, alpha=1e-10, eps=1e-6, maxiter=None,
-                 ranges=None):
+                 ranges=None, verbose=False):
         alpha = _check_alpha(alpha)
         variables = bind_arguments(self.variables, args)
         rhs = variables[self.unknown].data
@@ -331,4 +350,4 @@ class KernelSolve:
         op = KernelOperator(self.formula, tuple(variables), self.unknown, self.axis, self.opts,
                             str(keops_backend(backend)).lower(), ranges)
         datas = [None if k == self.unknown else v.data for k, v in enumerate(variables)]
-        return _solve(op, datas, rhs, alpha, eps, maxiter)
+        return _solve(op, datas, rhs, alpha, eps, maxiter, verbose)

@@ -443,7 +443,7 @@ def test_backends_agree_and_unknown_backend(rng):
     np.testing.assert_allclose(c, b, rtol=1e-12)
     np.testing.assert_allclose(d, b, rtol=1e-12)
     np.testing.assert_allclose(F.sum(dim=1, backend="CPU"), b, rtol=1e-12)  # pykeops's name
-    for bad in ("gpu", "Cpu", "keops", "GPU_3D"):
+    for bad in ("Gpu", "Cpu", "keops", "GPU_3D"):
         with pytest.raises(ValueError, match="backend"):
             F.sum(dim=1, backend=bad)
     with pytest.raises(ValueError, match="backend"):

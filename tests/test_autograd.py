@@ -121,6 +121,8 @@ OP_CASES = {
     "slice": lambda u, v: (u * v)[1:3], "pad": lambda u, v: (u * v)[0] + u,
     "concat": lambda u, v: u.concat(v * u), "matvec": lambda u, v: u.concat(v).matvecmult(v)[0:2],
     "vecmat": lambda u, v: u.vecmatmult(v.concat(u)), "tensorprod": lambda u, v: u.tensorprod(v),
+    "matmul": lambda u, v: u.tensorprod(v)._op("matmul", v.tensorprod(u), params=(3,)),
+    "powf": lambda u, v: _pos(u - v).powf(u * v) + (-_pos(u * v)).powf(3.0),
     "gather": lambda u, v: (u * v)._op("gather", params=((2, 0, 0, 1),)),
     "scatter": lambda u, v: (u - v)._op("scatter", params=((3, 0, 3), 5)),
 }

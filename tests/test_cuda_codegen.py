@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 from lazytensor.codegen import ir, ops, reductions
-from lazytensor.codegen.compilers import compile_cuda, nvcc_path
+from lazytensor.codegen.cuda.nvcc import compile_cuda, nvcc_path
+from lazytensor.codegen.cuda.render import render_cuda_kernel, tile_rows
 from lazytensor.codegen.render_c import VarSpec
-from lazytensor.codegen.render_cuda import render_cuda_kernel, tile_rows
 
 pytestmark = pytest.mark.skipif(nvcc_path() is None, reason="nvcc not found (CUDA toolkit)")
 
@@ -47,6 +47,7 @@ SPECIAL = {
     "matvec": lambda: A("matvec", MAT, X),
     "vecmat": lambda: A("vecmat", X, MAT),
     "tensorprod": lambda: A("tensorprod", X, Y),
+    "matmul": lambda: A("matmul", MAT, X, params=(3,)),
     "gather": lambda: A("gather", A("mul", X, Y), params=((2, 0, 0, 1),)),
     "scatter": lambda: A("scatter", A("sub", X, Y), params=((3, 0, 3), 5)),
 }

@@ -9,14 +9,14 @@ import pkgutil
 import pytest
 
 import lazytensor
-from lazytensor import cache, codegen
+from lazytensor import cache, codegen, distributed
 
 # the command line (its example would touch the real cache)
 _SKIP = {"lazytensor.__main__"}
 
 
 def _modules():
-    for pkg in (lazytensor, codegen, cache):
+    for pkg in (lazytensor, codegen, cache, distributed):
         yield pkg.__name__
         for info in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
             if info.name not in _SKIP:

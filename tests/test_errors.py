@@ -527,12 +527,15 @@ CASES = [
     ),
     Case(
         "unknown_backend",
-        lambda: dot().sum(dim=1, backend="gpu"),
+        lambda: dot().sum(dim=1, backend="tpu"),
         ValueError,
-        ("'gpu'", "'auto'", "'cpu'"),
+        ("'tpu'", "'auto'", "'cpu'"),
     ),
     Case(
-        "cuda_backend_on_cpu_data", lambda: dot().sum(dim=1, backend="cuda"), ValueError, ("cuda",)
+        "cuda_backend_on_cpu_tensors",
+        lambda: (Vi(torch.from_numpy(X)) * Vj(torch.from_numpy(Y))).sum(-1).sum(dim=1,
+                                                                              backend="cuda"),
+        ValueError, ("cuda",)
     ),
     # ------------------------------------------------------- reduction dims
     Case("dim_3_unbatched", lambda: dot().sum(dim=3), ValueError, ("dim=3", "dim=0", "dim=1")),

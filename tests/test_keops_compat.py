@@ -355,7 +355,7 @@ def test_genred_option_errors(rng):
                     use_double_acc=True)
     red = ltnp.Genred("SqDist(x,y)", ["x = Vi(3)", "y = Vj(3)"], axis=1)
     with pytest.raises(ValueError, match="cuda"):  # "GPU" means CUDA: needs CUDA tensors
-        red(x, y, backend="GPU")
+        red(torch.from_numpy(x), torch.from_numpy(y), backend="GPU")
     with pytest.raises(ValueError, match="backend"):
         red(x, y, backend="GPU_3D")
     with pytest.raises(TypeError, match=r"float16.*\(31, 3\).*float32"):
@@ -572,8 +572,8 @@ def test_clear_errors_for_what_pykeops_rejects_too(rng):
         x_i.sqdist(y_j).min(dim=1, sum_scheme="kahan_scheme")
     with pytest.raises(TypeError, match="'foo'"):
         x_i.sqdist(y_j).min(dim=1, foo=True)
-    with pytest.raises(ValueError, match="cuda"):
-        x_i.sqdist(y_j).sum(dim=1, backend="GPU")
+    with pytest.raises(ValueError, match="cuda"):  # torch CPU tensors (NumPy goes to the GPU)
+        Vi(torch.from_numpy(x)).sqdist(Vj(torch.from_numpy(y))).sum(dim=1, backend="GPU")
     with pytest.raises(ValueError, match="dim=0"):
         x_i.sqdist(y_j).sum(backend="CPU")  # options but no dim: meant as a reduction
     with pytest.raises(ValueError, match="2D array of shape"):

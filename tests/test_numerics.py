@@ -125,3 +125,17 @@ def test_indices_are_exact_beyond_2_to_the_24():
     assert values[0, 0] == np.float32(0.0625) and idx[0, 0] == best
     np.testing.assert_array_equal(F.argmax(dim=1), [[2**24 + 997]])
     assert F.argmin(dim=1).dtype == np.int64
+
+
+@pytest.mark.parametrize("lib", ["numpy", "torch"])
+def test_a_negative_zero_parameter_is_not_the_cached_positive_zero(lib, rng):
+    import torch
+
+    from lazytensor import LazyTensor
+
+    x, y = -rng.uniform(0.5, 2.0, (3, 1)), rng.random((2, 1))
+    if lib == "torch":
+        x, y = torch.tensor(x), torch.tensor(y)
+    (Vi(x) * LazyTensor(0.0) + Vj(y)).sum(dim=1)  # the parameter +0.0, cached as an array
+    got = (LazyTensor(-0.0).atan2(Vi(x)) + 0 * Vj(y)).sum(dim=1)
+    np.testing.assert_allclose(np.asarray(got), np.full((3, 1), 2 * -np.pi))  # atan2(-0, x<0) = -π

@@ -124,7 +124,10 @@ CASES: dict[str, Case] = {
     "pow": Case(_build_pow, U(0.1, 1.5), U(0.1, 1.5), rtol32=2e-5),
     "square": unary("square", -3, 3),
     "inv": Case(lambda x, y: A("inv", A("mul", x, y)), Away(0.5, 2), Away(0.5, 2)),
-    "rsqrt": unary("rsqrt", 0.1, 6),
+    "rsqrt": unary("rsqrt", 0, 6, 0.0),
+    "powf": Case(lambda x, y: _concat([A("powf", A("add", x, C(0.25)), y),
+                                       A("powf", A("sub", C(-0.25), x), A("round", A("mul", y, C(4.0))))]),
+                 U(0.1, 1.5), U(-1.5, 1.5)),
     # branches, comparisons, rounding
     "ifelse": Case(lambda x, y: A("ifelse", A("sub", x, y), A("mul", x, y), A("add", x, y)),
                    G(-2, 2), G(-2, 2)),
@@ -182,6 +185,7 @@ CASES: dict[str, Case] = {
     "matvec": Case(lambda x, y: A("matvec", x, y), U(-2, 2), U(-2, 2), dx=6, dy=3),
     "vecmat": Case(lambda x, y: A("vecmat", x, y), U(-2, 2), U(-2, 2), dx=2, dy=6),
     "tensorprod": Case(lambda x, y: A("tensorprod", x, y), U(-2, 2), U(-2, 2), dx=2, dy=3),
+    "matmul": Case(lambda x, y: A("matmul", x, y, params=(3,)), U(-2, 2), U(-2, 2), dx=6, dy=12),
     "gather": Case(lambda x, y: A("gather", A("mul", x, y), params=((2, 0, 0, 1),)),
                    U(-2, 2), U(-2, 2), dx=3, dy=3),
     "scatter": Case(lambda x, y: A("scatter", A("mul", x, y), params=((3, 0, 3), 5)),
@@ -340,6 +344,9 @@ def _torch_cases():
                    lambda x, y: (x[..., None, :] @ y.reshape(*y.shape[:-1], 2, 3))[..., 0, :], U(-1, 1), U(-1, 1), 2, 6),
         "tensorprod": (lambda x, y: A("tensorprod", x, y),
                        lambda x, y: (x[..., :, None] * y[..., None, :]).flatten(-2), U(-1, 1), U(-1, 1), 2, 3),
+        "matmul": (lambda x, y: A("matmul", x, y, params=(3,)),
+                   lambda x, y: (x.unflatten(-1, (2, 3)) @ y.unflatten(-1, (3, 4))).flatten(-2),
+                   U(-1, 1), U(-1, 1), 6, 12),
         "round_floor": (lambda x, y: A("concat", A("round", A("add", x, y)), A("floor", A("sub", x, y))),
                         lambda x, y: torch.cat([t_round(x + y), torch.floor(x - y)], -1), G(-2, 2), G(-2, 2), 1, 1),
         "vargmin_vmax": (lambda x, y: A("concat", A("vargmin", A("sub", x, y)), A("vmax", A("mul", x, y))),
@@ -374,6 +381,7 @@ def _torch_cases():
             "matvec",
             "vecmat",
             "tensorprod",
+            "matmul",
             "round_floor",
             "vargmin_vmax",
             "one_hot",
@@ -536,6 +544,8 @@ SPECIAL_OPS = (
     "atan2",
     "erf",
     "atan",
+    "rsqrt",
+    "powf",
 )
 
 
@@ -549,7 +559,7 @@ def _special_parts(x, y):
     b = y
     parts = []
     for name in SPECIAL_OPS:
-        if name in ("min2", "max2", "eq", "ne", "lt", "ge", "atan2"):
+        if name in ("min2", "max2", "eq", "ne", "lt", "ge", "atan2", "powf"):
             parts.append(A(name, a, b))
         elif name == "clamp":
             parts.append(A("clamp", a, A("neg", A("abs", b)), A("abs", b)))

@@ -193,6 +193,9 @@ OPS: dict[str, OpKind] = {
     "matvec": OpKind("matvec", ("any", "any"), _b(lambda a, b: 4 * a * b)),
     "vecmat": OpKind("vecmat", ("any", "any"), _b(lambda a, b: 4 * a * b)),
     "tensorprod": OpKind("tensorprod", ("any", "any"), _b(lambda a, b: a * b)),
+    "matmul": OpKind("matmul", ("any", "any"), lambda bs, p: p[0] * bs[0] * bs[1]),
+    "powf": OpKind("broadcast", ("pos", "unit"),
+                   _b(lambda a, b: math.exp(min(abs(b) * math.log(a), 30.0)))),
 }
 
 POW_EXPONENTS = (2.0, 3.0, 0.0, 1.0, 4.0, -1.0, -2.0, 0.5, -0.5, 1.5, 2.5)
@@ -286,6 +289,10 @@ def _operand_dims(draw, kind: OpKind, dim: int):
     if s == "tensorprod":
         a, b = draw(st.sampled_from(_divisor_pairs(dim)))
         return [a, b], ()
+    if s == "matmul":  # A (n×k) @ B (k×m) -> n*m
+        n, m = draw(st.sampled_from(_divisor_pairs(dim)))
+        k = draw(st.integers(1, 3))
+        return [n * k, k * m], (k,)
     raise AssertionError(s)
 
 

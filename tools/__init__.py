@@ -1,1 +1,1 @@
-"""Tools for developers: the GPU check (not installed with the package)."""
+"""Tools for developers: the GPU check and the tutorials runner (not installed with the package)."""

@@ -1,39 +1,39 @@
-"""GPU check: CUDA results against the CPU backend, with timings (``make gpu-check``).
+"""GPU check: the CUDA backend on real hardware, in one command (``make gpu-check``).
 
-For a machine with an NVIDIA GPU. For each case (Gaussian sums in D=3 and D=64, argKmin
-K=10, logsumexp, min_argmin, a batched case, the split-j scheme, a D=784 K-NN, gradients
-through autograd; float32 and float64) it runs the reduction on the GPU and with the CPU
-backend, and prints one line: case, max relative error (normwise: max |gpu - cpu| / max
-|cpu|; for indices, the error of the values they attain), GPU time, CPU time, and the
-time of the same computation written densely in torch on the GPU. Then it times the
-Gaussian sum with N = M = 10^6 on the GPU (checked on its first rows against the CPU).
-Exit status: 0 when every case is within tolerance, 1 on a mismatch or error, 2 when no
+For a machine with an NVIDIA GPU, within ``--budget`` seconds (default 480), writing JSON
+(``--out``):
+
+1. the CUDA runtime tests on the GPU (``pytest -m cuda tests/test_cuda_runtime.py``: the
+   tests CI runs on the emulator, here on hardware);
+2. every reduction of the registry on a random formula, float32 and float64, GPU against
+   the CPU backend, and fixed cases of interest (Gaussian sums in D = 3, 64, argKmin in
+   D = 3 and 784, log-sum-exp, batches, split-j, gradients): max relative error (normwise;
+   indices through the values they attain), GPU and CPU times, dense torch on the GPU;
+3. Gaussian kernel D = 3 forward + backward (``(K @ b)`` and its gradients in x, y, b) for
+   N = M = 10^4, 10^5, 10^6, against the same in dense torch (where it fits in memory).
+
+Exit status: 0 when every check passed, 1 on a mismatch, error or failed test, 2 when no
 GPU (or no C++ compiler for the CPU reference) is usable.
 
-    python -m tools.gpu_check [--quick | --scale S] [--out results.json]
+    python -m tools.gpu_check [--quick | --scale S] [--budget SECONDS] [--out results.json]
 
-Requirements, and how a GPU session runs it
--------------------------------------------
-Nothing beyond lazytensor's own dependencies: kernels are compiled with ``nvcc`` and
-launched through the NVIDIA driver's ``libcuda`` via ctypes (:mod:`lazytensor.cuda_driver`).
-pycuda is not used: it cannot launch on an external stream (torch's), its ``Function``
-exposes no handle to launch otherwise, and it is an sdist that must be compiled against
-the CUDA headers (minutes of device time on an offline machine). So:
+Requirements, and how to run it on an offline GPU machine
+---------------------------------------------------------
+lazytensor's dependencies, nvcc (CUDA toolkit no newer than the driver), g++, a CUDA
+build of torch, and pycuda. pycuda is a source archive on the package index: build its
+wheel where the registry is reachable, for the GPU machine's Python, and carry it:
 
-* On a GPU workstation with internet: ``make gpu-check`` (the Makefile's venv installs
-  ``torch==2.13.0``; from PyPI on Linux x86-64 that is a CUDA build). Needs the NVIDIA
-  driver, ``nvcc`` (CUDA toolkit matching or older than the driver) and ``g++``.
-* On the project's lent H200 machine (offline; its image has python3 with a CUDA torch,
-  numpy, sympy, scipy, filelock, nvcc 13.0 and g++, but not platformdirs, which this
-  script avoids by setting ``LAZYTENSOR_CACHE_DIR``): nothing to install or carry. From
-  the repository root, as one command with a timeout of about 8 minutes::
+    python -m tools.build_pycuda --python ~/.pyenv/versions/3.12.1/bin/python --no-install \
+        --out build/gpu-wheels
+    # -> pycuda-2026.1-cp312-*.whl and its dependencies' wheels (about 6 MB)
 
-      PYTHONPATH=. PYTHONUNBUFFERED=1 python3 -m tools.gpu_check --out $OUT/gpu_check.json
-      PYTHONPATH=. python3 -m pytest -q -p no:cacheprovider -m cuda tests/test_cuda_runtime.py
+then there, from the repository root (no registry needed; carry build/gpu-wheels)::
 
-  ``make gpu-check`` there would try to build the venv from a registry it cannot reach.
-  The first call of each kernel compiles it with nvcc (a few seconds each; about 20
-  kernels here), which the warm-up runs absorb.
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site build/gpu-wheels/*.whl
+    PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 python3 -m tools.gpu_check --out gpu_check.json
+
+(The wheel links to ``libcuda.so.1`` by name: the real driver there, the fake one in CI.)
+With a registry, ``make gpu-check`` builds and installs everything itself.
 """
 
 from __future__ import annotations
@@ -49,190 +49,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
-from typing import Callable
+from pathlib import Path
 
-TOL = {"float32": 1e-4, "float64": 1e-9}  # float32 kernels use fast math
+from tools.gpu_cases import Case, Row, cases, random_reduction_cases
 
-
-@dataclass
-class Case:
-    """A reduction checked on the GPU against the CPU backend."""
-
-    name: str
-    dtype: str
-    inputs: Callable  # (torch, generator) -> dict of tensors, on the CPU
-    lazy: Callable  # (inputs, backend) -> tensor or tuple of tensors
-    dense: Callable | None = None  # (inputs) -> the same, densely in torch
-    index_value: Callable | None = None  # (inputs, index tensor) -> values the indices attain
-    grad: bool = False  # lazy/dense return gradients (inputs must require grad)
-    pairs: int = 0
-
-
-@dataclass
-class Row:
-    case: str
-    error: float = math.nan
-    ok: bool = False
-    gpu_ms: float = math.nan
-    cpu_ms: float = math.nan
-    dense_ms: float = math.nan
-    note: str = ""
-    extra: dict = field(default_factory=dict)
-
-
-# ---------------------------------------------------------------------------- cases
-
-
-def _points(torch, g, dtype, *shape, scale=1.0):
-    return torch.rand(*shape, generator=g, dtype=getattr(torch, dtype)) * scale
-
-
-def _gauss_case(name, dtype, N, M, D, Db=2):
-    from lazytensor import Vi, Vj
-
-    s = 2.0 / math.sqrt(D)
-
-    def inputs(torch, g):
-        return {"x": _points(torch, g, dtype, N, D, scale=s), "y": _points(torch, g, dtype, M, D, scale=s),
-                "b": _points(torch, g, dtype, M, Db) - 0.5}
-
-    def lazy(t, backend):
-        return ((-Vi(t["x"]).sqdist(Vj(t["y"]))).exp() * Vj(t["b"])).sum(dim=1, backend=backend)
-
-    def dense(t):
-        import torch
-
-        return torch.exp(-torch.cdist(t["x"], t["y"]) ** 2) @ t["b"]
-
-    return Case(name, dtype, inputs, lazy, dense if N * M <= 2e9 else None, pairs=N * M)
-
-
-def _sqdist_index_value(t, idx):
-    x, y = t["x"], t["y"]
-    flat = idx.reshape(idx.shape[0], -1)
-    return ((x[:, None, :] - y[flat]) ** 2).sum(-1)
-
-
-def _argkmin_case(name, dtype, N, M, D, K=10):
-    from lazytensor import Vi, Vj
-
-    def inputs(torch, g):
-        return {"x": _points(torch, g, dtype, N, D), "y": _points(torch, g, dtype, M, D)}
-
-    def lazy(t, backend):
-        return Vi(t["x"]).sqdist(Vj(t["y"])).argKmin(K, dim=1, backend=backend)
-
-    def dense(t):
-        import torch
-
-        return torch.cdist(t["x"], t["y"]).topk(K, dim=1, largest=False).indices
-
-    return Case(name, dtype, inputs, lazy, dense if N * M <= 4e9 else None,
-                index_value=_sqdist_index_value, pairs=N * M)
-
-
-def _lse_case(name, dtype, N, M, D):
-    from lazytensor import Vi, Vj
-
-    def inputs(torch, g):
-        return {"x": _points(torch, g, dtype, N, D, scale=4), "y": _points(torch, g, dtype, M, D, scale=4)}
-
-    def lazy(t, backend):
-        return (-Vi(t["x"]).sqdist(Vj(t["y"]))).logsumexp(dim=1, backend=backend)
-
-    def dense(t):
-        import torch
-
-        return torch.logsumexp(-torch.cdist(t["x"], t["y"]) ** 2, dim=1, keepdim=True)
-
-    return Case(name, dtype, inputs, lazy, dense, pairs=N * M)
-
-
-def _min_argmin_case(name, dtype, N, M, D):
-    from lazytensor import Vi, Vj
-
-    def inputs(torch, g):
-        return {"x": _points(torch, g, dtype, N, D), "y": _points(torch, g, dtype, M, D)}
-
-    def lazy(t, backend):
-        return Vi(t["x"]).sqdist(Vj(t["y"])).min_argmin(dim=1, backend=backend)
-
-    def dense(t):
-        import torch
-
-        v, i = (torch.cdist(t["x"], t["y"]) ** 2).min(dim=1, keepdim=True)
-        return v, i
-
-    return Case(name, dtype, inputs, lazy, dense, index_value=_sqdist_index_value, pairs=N * M)
-
-
-def _batched_case(name, dtype, B, N, M, D):
-    from lazytensor import LazyTensor
-
-    def inputs(torch, g):
-        return {"x": _points(torch, g, dtype, B, N, 1, D), "y": _points(torch, g, dtype, 1, 1, M, D),
-                "s": _points(torch, g, dtype, B, 1, 1, 1) + 0.5,
-                "b": _points(torch, g, dtype, B, 1, M, 1)}
-
-    def lazy(t, backend):
-        K = (-LazyTensor(t["x"]).sqdist(LazyTensor(t["y"])) * LazyTensor(t["s"])).exp()
-        return (K * LazyTensor(t["b"])).sum(dim=2, backend=backend)
-
-    def dense(t):
-        d2 = ((t["x"] - t["y"]) ** 2).sum(-1)  # (B, N, M)
-        return (d2.mul(-t["s"][..., 0]).exp() * t["b"][..., 0]).sum(-1, keepdim=True)
-
-    return Case(name, dtype, inputs, lazy, dense, pairs=B * N * M)
-
-
-def _grad_case(name, dtype, N, M, D):
-    from lazytensor import Vi, Vj
-
-    def inputs(torch, g):
-        return {"x": _points(torch, g, dtype, N, D), "y": _points(torch, g, dtype, M, D),
-                "b": _points(torch, g, dtype, M, 1) - 0.5}
-
-    def lazy(t, backend):
-        import torch
-
-        x, y, b = (t[k].detach().requires_grad_() for k in ("x", "y", "b"))
-        a = ((-Vi(x).sqdist(Vj(y)) * 4).exp() * Vj(b)).sum(dim=1, backend=backend)
-        lse = (-Vi(x).sqdist(Vj(y))).logsumexp(dim=1, backend=backend)
-        return torch.autograd.grad((a ** 2).sum() + lse.sum(), [x, y, b])
-
-    def dense(t):
-        import torch
-
-        x, y, b = (t[k].detach().requires_grad_() for k in ("x", "y", "b"))
-        d2 = torch.cdist(x, y) ** 2
-        a = torch.exp(-4 * d2) @ b
-        lse = torch.logsumexp(-d2, dim=1)
-        return torch.autograd.grad((a ** 2).sum() + lse.sum(), [x, y, b])
-
-    return Case(name, dtype, inputs, lazy, dense, grad=True, pairs=3 * N * M)
-
-
-def cases(scale: float = 1.0) -> list[Case]:
-    """The checked cases; ``scale`` multiplies the numbers of points."""
-
-    def n(k):
-        return max(16, int(k * scale))
-
-    return [
-        _gauss_case("gauss D=3", "float32", n(50_000), n(50_000), 3),
-        _gauss_case("gauss D=3", "float64", n(50_000), n(50_000), 3),
-        _gauss_case("gauss D=64", "float32", n(20_000), n(20_000), 64),
-        _gauss_case("gauss split-j N=100", "float32", 100, n(1_000_000), 3),
-        _argkmin_case("argKmin K=10 D=3", "float32", n(50_000), n(50_000), 3),
-        _argkmin_case("argKmin K=10 D=784", "float32", n(2_000), n(20_000), 784),
-        _lse_case("logsumexp D=3", "float32", n(50_000), n(50_000), 3),
-        _lse_case("logsumexp D=3", "float64", n(50_000), n(50_000), 3),
-        _min_argmin_case("min_argmin D=3", "float64", n(50_000), n(50_000), 3),
-        _batched_case("batched B=8 gauss", "float32", 8, n(5_000), n(5_000), 3),
-        _grad_case("grad gauss+lse", "float32", n(20_000), n(20_000), 3),
-        _grad_case("grad gauss+lse", "float64", n(10_000), n(10_000), 3),
-    ]
+TOL = {"float32": 1e-4, "float64": 1e-9}  # IEEE-accurate kernels (no use_fast_math)
+ROOT = Path(__file__).resolve().parent.parent
 
 
 # ---------------------------------------------------------------------------- measuring
@@ -305,54 +127,83 @@ def run_case(case: Case, torch, seed: int = 0) -> Row:
     return row
 
 
-def run_million(torch, scale: float = 1.0) -> Row:
-    """N = M = 10^6 Gaussian sum (D=3, float32) on the GPU; its first rows against the CPU."""
+def run_scaling(torch, n: int) -> Row:
+    """Gaussian kernel D=3, float32: ``K @ b`` and its gradients in x, y, b, N = M = n, on
+    the GPU, against dense torch (where it fits); first rows checked against the CPU."""
     from lazytensor import Vi, Vj
 
-    n = max(1000, int(1_000_000 * scale))
-    row = Row(f"gauss D=3 N=M={n:.0e} float32")
+    row = Row(f"gauss D=3 fwd+bwd N=M={n:.0e} float32")
     try:
-        g = torch.Generator().manual_seed(1)
+        g = torch.Generator().manual_seed(n)
         x, y = torch.rand(n, 3, generator=g), torch.rand(n, 3, generator=g)
         b = torch.rand(n, 1, generator=g) - 0.5
+
+        def lazy(x, y, b, backend):
+            x, y, b = (t.detach().requires_grad_() for t in (x, y, b))
+            a = ((-Vi(x).sqdist(Vj(y)) * 100).exp() * Vj(b)).sum(dim=1, backend=backend)
+            return (a, *torch.autograd.grad((a ** 2).sum(), [x, y, b]))
+
+        def dense(x, y, b):
+            x, y, b = (t.detach().requires_grad_() for t in (x, y, b))
+            a = torch.exp(-100 * torch.cdist(x, y) ** 2) @ b
+            return (a, *torch.autograd.grad((a ** 2).sum(), [x, y, b]))
+
         xg, yg, bg = x.cuda(), y.cuda(), b.cuda()
-
-        def fn(x, y, b, backend):
-            return ((-Vi(x).sqdist(Vj(y)) * 100).exp() * Vj(b)).sum(dim=1, backend=backend)
-
-        got, row.gpu_ms = _timed(lambda: fn(xg, yg, bg, "cuda"), torch.cuda.synchronize, 3, 20)
-        rows = min(2_000, n)
-        want, row.cpu_ms = _timed(lambda: fn(x[:rows], y, b, "cpu"), lambda: None, 1)
-        row.error = float((got[:rows].cpu() - want).abs().max() / want.abs().max())
+        sync = torch.cuda.synchronize
+        got, row.gpu_ms = _timed(lambda: lazy(xg, yg, bg, "cuda"), sync, 5, 20)
+        rows = min(1000, n)
+        want = lazy(x[:rows], y, b, "cpu")[0]
+        row.error = float((got[0][:rows].cpu() - want).abs().max() / want.abs().max())
         row.ok = row.error <= TOL["float32"]
-        row.note = f"CPU time for the first {rows} rows only"
-        row.extra["gpu_pairs_per_s"] = n * n / (row.gpu_ms / 1e3)
+        row.extra["gpu_pairs_per_s"] = 3 * n * n / (row.gpu_ms / 1e3)
+        free, _ = torch.cuda.mem_get_info()
+        if 4 * n * n * 4 < free:  # the N x M matrix, its exp, their gradients
+            try:
+                _, row.dense_ms = _timed(lambda: dense(xg, yg, bg), sync, 3, 20)
+            except torch.cuda.OutOfMemoryError:
+                row.note = "dense: out of memory"
+            torch.cuda.empty_cache()
+        else:
+            row.note = "dense: the N x M matrices do not fit"
     except Exception as e:  # noqa: BLE001
         row.note = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        row.ok = False
     return row
+
+
+def run_tests(timeout: float) -> dict:
+    """The CUDA runtime tests on this GPU (pytest -m cuda)."""
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda",
+           str(ROOT / "tests" / "test_cuda_runtime.py")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), *sys.path]))
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
+                              cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "summary": f"timed out after {timeout:.0f} s"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+    failures = [ln for ln in lines if ln.startswith(("FAILED", "ERROR"))]
+    return {"ok": proc.returncode == 0, "summary": lines[-1] if lines else proc.stderr[-500:],
+            "failures": failures[:50]}
 
 
 # ---------------------------------------------------------------------------- report
 
 
 def environment(torch) -> dict:
-    from lazytensor.codegen.compilers import nvcc_path
+    from lazytensor.codegen.cuda.nvcc import nvcc_path, nvcc_version
 
-    from lazytensor.cuda_driver import driver
+    from lazytensor.cuda import driver
 
     dev = torch.cuda.current_device()
-    drv = driver()
-    nvcc = nvcc_path()
-    version = ""
-    if nvcc:
-        proc = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=False)
-        version = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+    info = driver.device_info(dev)
+    version = nvcc_version() if nvcc_path() else ""
     return {
         "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(dev),
-        "compute_capability": "sm_{}{}".format(*drv.compute_capability(dev)),
-        "multiprocessors": drv.sm_count(dev),
-        "driver_cuda_version": drv.version(),
+        "compute_capability": info.arch,
+        "multiprocessors": info.sm_count,
+        "driver_cuda_version": driver.driver_version(),
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,
         "nvcc": version or "not found",
@@ -379,8 +230,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="sizes divided by 5")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply the sizes")
+    parser.add_argument("--budget", type=float, default=480.0, help="seconds for everything")
+    parser.add_argument("--skip-tests", action="store_true", help="do not run the test suite")
     parser.add_argument("--out", help="also write the results as JSON to this file")
     args = parser.parse_args(argv)
+    start = time.perf_counter()
     os.environ.setdefault("LAZYTENSOR_CACHE_DIR", tempfile.mkdtemp(prefix="lazytensor-gpu-check-"))
 
     import torch
@@ -396,26 +250,42 @@ def main(argv=None) -> int:
         return 2
     env = environment(torch)
     print("lazytensor gpu-check  " + "  ".join(f"{k}={v}" for k, v in env.items()), flush=True)
-    rows = []
+
+    def left() -> float:
+        return args.budget - (time.perf_counter() - start)
+
+    tests = {"ok": True, "summary": "skipped (--skip-tests)"}
+    if not args.skip_tests:
+        tests = run_tests(min(180.0, 0.35 * args.budget))
+        print(f"CUDA runtime tests: {tests['summary']}", flush=True)
+    rows, skipped = [], []
     scale = args.scale * (0.2 if args.quick else 1.0)
-    for case in cases(scale):
+    for case in random_reduction_cases(seed=int(time.time()) % 10_000, scale=scale) + \
+            cases(scale):
+        if left() < 90:  # keep time for the scaling runs
+            skipped.append(f"{case.name} {case.dtype}")
+            continue
         rows.append(run_case(case, torch))
         print(table(rows[-1:]).splitlines()[1], flush=True)
-    rows.append(run_million(torch, scale))
-    print(table(rows[-1:]).splitlines()[1], flush=True)
+    for n in (10_000, 100_000, 1_000_000):
+        n = max(1000, int(n * scale))
+        if left() < 15:
+            skipped.append(f"scaling N=M={n}")
+            continue
+        rows.append(run_scaling(torch, n))
+        print(table(rows[-1:]).splitlines()[1], flush=True)
     print()
     print(f"lazytensor gpu-check, {env['time']}, {env['device']} ({env['compute_capability']}, "
           f"{env['multiprocessors']} SMs), torch {env['torch']}, {env['nvcc']}")
     print(table(rows))
-    big = rows[-1]
-    if "gpu_pairs_per_s" in big.extra:
-        print(f"{big.case}: {big.gpu_ms / 1e3:.3f} s on the GPU, "
-              f"{big.extra['gpu_pairs_per_s'] / 1e12:.2f} x 10^12 pairs/s")
-    failed = [r.case for r in rows if not r.ok]
-    print("all cases within tolerance" if not failed else f"FAILED: {', '.join(failed)}")
+    if skipped:
+        print(f"not run (time budget of {args.budget:.0f} s): {', '.join(skipped)}")
+    failed = [r.case for r in rows if not r.ok] + ([] if tests["ok"] else ["CUDA tests"])
+    print("all checks passed" if not failed else f"FAILED: {', '.join(failed)}")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"environment": env, "tolerance": TOL,
+            json.dump({"environment": env, "tolerance": TOL, "tests": tests,
+                       "skipped": skipped, "seconds": time.perf_counter() - start,
                        "rows": [r.__dict__ for r in rows]}, f, indent=1, default=str)
     return 1 if failed else 0
 

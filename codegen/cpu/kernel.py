@@ -54,13 +54,14 @@ True
 from __future__ import annotations
 
 from .. import ir, reductions
+from ..linearize import wide_sum
 from ..render_c import prelude, render_formula, render_function, render_shared
 from . import HEADER_WORDS
 from .gemm import dot_kernel, dot_micro, sqdist_fix
 from .layout import Layout, stage_chunk
 from .plan import plan_cpu
 from .simd import cpu_renames, prelude_defs, vector_header
-from .wide import wide_acc_code, wide_call, wide_softmax_acc_code, wide_sum
+from .wide import wide_acc_code, wide_call, wide_softmax_acc_code
 
 L2_CHUNK_BYTES = 262144  # staged j-data of one chunk, reused by every row block of an item
 # With dot products every micro-kernel call streams its panel from the chunk, so the chunk

@@ -16,27 +16,9 @@ skeleton is :mod:`lazytensor.codegen.cpu.kernel`'s.
 
 from __future__ import annotations
 
-from .. import ir, reductions
-from ..linearize import Linear, column_source, linearize
+from .. import ir
+from ..linearize import Linear, column_source
 from ..reductions.lse import LSE_HELPERS
-from . import WIDE
-
-
-def wide_sum(formula: ir.Node, reduction: str) -> Linear | None:
-    """The weighted-sum form the CPU kernel can use, or None: a Sum (or a softmax-weighted
-    sum / weighted log-sum-exp, whose weight is the wide part: the reductions whose
-    ``wide`` is "sum" or "softmax") whose wide terms are all weights times j-variables
-    (row terms are split off before, by the caller)."""
-    wide = reductions.get(reduction).wide
-    if wide is None or formula.dim <= WIDE:
-        return None
-    lin = linearize(formula, max_narrow=WIDE)
-    if lin is None or lin.row_terms or not lin.col_terms:
-        return None
-    if wide == "softmax" and not any(off == 0 for _, off in lin.direct):
-        return None  # the scalar f (component 0) must be one of the narrow components
-    return lin
-
 
 _TEMPLATES = """
 // out[e] = sum_jj w[jj] * B[jj * E + e] for e in [E0, E): passes of up to 8 vectors of

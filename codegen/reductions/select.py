@@ -21,7 +21,7 @@ import numpy as np
 from ..arraymath import namespace_of
 from .base import Output, Reduction, register, write_code
 
-_BETTER = """
+BETTER_CODE = """
 // (a, ia) replaces (b, ib)? ib < 0 marks an empty slot. NaN counts as the best value
 // (numpy.min/argmin propagate NaN); ties go to the lowest index.
 LT_HD LT_INLINE bool lt_better(T a, int64_t ia, T b, int64_t ib, bool want_min) {
@@ -136,7 +136,7 @@ class _Select(Reduction):
         if self.with_index:
             writes.append(write_code(len(writes), "index", F, "i[k]"))
         init_v = "(T)INFINITY" if self.want_min else "-(T)INFINITY"
-        return _BETTER + f"""
+        return BETTER_CODE + f"""
 struct Acc {{
   T v[{F}]; int64_t i[{F}];
   LT_HD LT_INLINE void init() {{ for (int k = 0; k < {F}; ++k) {{ v[k] = {init_v}; i[k] = -1; }} }}
@@ -241,7 +241,7 @@ class _KSelect(Reduction):
             writes.append(write_code(0, "value", K * F, f"v[(k % {F}) * {K} + k / {F}]"))
         if self.with_index:
             writes.append(write_code(len(writes), "index", K * F, f"i[(k % {F}) * {K} + k / {F}]"))
-        return _BETTER + _KMASK + f"""
+        return BETTER_CODE + _KMASK + f"""
 struct Acc {{
   T v[{F * K}]; int64_t i[{F * K}];   // per component c: v[c*K .. c*K+K) sorted best first
   LT_HD LT_INLINE void init() {{ for (int k = 0; k < {F * K}; ++k) {{ v[k] = {init_v}; i[k] = -1; }} }}

@@ -1,0 +1,140 @@
+"""CUDA emission: the kernel skeletons around the shared formula code (see render_c.py).
+
+One ``.cu`` per kernel holds, in ``namespace <name>``, the per-pair formula
+(``lt_formula``, the same emission as the CPU kernel's), a CUDA ``Acc``
+(:mod:`.accumulators`) and two ``extern "C"`` kernels:
+
+``<name>_reduce(LtArgs a)``
+    One thread per row i, ``blockDim.x`` rows per block; block ``blockIdx.x`` covers
+    (batch b, i-block, j-chunk jc), flattened as ``(b * nIB + ib) * nJC + jc``. With
+    ``nJC == 1`` (the 1D scheme) a thread writes its row's outputs; with ``nJC > 1`` (the
+    split-j scheme, for small N) it stores its flushed ``Acc`` in ``part[jc * B * N +
+    row]`` and ``<name>_merge`` (one thread per row) folds the partials.
+
+    *Direct* kernels (every node narrow, or no vector sum to chunk) walk j in tiles of
+    ``TJC`` rows copied, coalesced, into dynamic shared memory (``lt_smem``), and read by
+    every thread as broadcasts; i-variables up to ``LOCAL_DIM`` live in registers.
+    *Chunked* kernels (:mod:`.chunks`: vector sums of large dimension) walk j in register
+    tiles of ``R`` rows; for each vector sum, the vector dimension goes by in chunks of
+    ``C``: the chunk of the block's rows (transposed, padded: conflict-free) and of the R
+    j-rows are staged in shared memory, and each thread adds the sum's terms for its row
+    and the R rows into R registers. Then the narrow rest of the formula runs per pair.
+
+``LtArgs`` is passed by value (one kernel parameter, all fields 8 bytes wide, laid out by
+:func:`args_fields`): ``vars`` (device pointers, canonical contiguous layout), ``outs``,
+``part``, ``vbs[v * MAX_BATCH_DIMS + k]`` (element stride of variable v along batch dim k,
+0 where broadcast), ``bshape``, then N, M, B, nbd, nJC, JC. The global ``<name>_acc`` has
+the size of ``Acc``. :func:`kernel_layout` tells the runtime the block size limit and the
+dynamic shared memory, as a function of the block size.
+
+>>> from lazytensor.codegen import ir, ops
+>>> from lazytensor.codegen.render_c import VarSpec
+>>> x, y = ir.var(0, 3, "i"), ir.var(1, 3, "j")
+>>> src = render_cuda_kernel(ops.apply("sum", ops.apply("mul", x, y)),
+...                          [VarSpec(0, 3, "i"), VarSpec(1, 3, "j")], "sum", {}, "float32")
+>>> "lt_reduce" in src and "lt_merge" in src
+True
+"""
+
+from __future__ import annotations
+
+from .. import reductions
+from ..linearize import wide_sum
+from ..render_c import VarSpec
+from ..render_c import prelude as _prelude
+from .accumulators import acc_code
+from .chunked import chunk_smem, chunked_kernel
+from .chunks import ChunkPlan, plan_chunks
+from .direct import direct_kernel
+from .skeleton import (
+    CHUNK_ROWS,
+    HEADER,
+    MAX_BATCH_DIMS,
+    THREADS,
+    args_fields,
+    common_code,
+    element_size,
+    merge_code,
+    tile_rows,
+)
+from .wide import wide_group, wide_kernel, wide_softmax_kernel
+
+
+def _chunk_plan(formula, var_specs) -> ChunkPlan | None:
+    n_vars = max([v.index + 1 for v in var_specs] + [0])
+    return plan_chunks(formula, n_vars)
+
+
+def _wide_plan(formula, reduction: str, opts: dict):
+    """The weighted-sum form of a wide Sum (``K @ V``) or softmax-weighted sum, or None."""
+    if reduction not in _WIDE_REDUCTIONS or opts.get("sum_scheme") == "kahan_scheme":
+        return None
+    return wide_sum(formula, reduction)
+
+
+_WIDE_REDUCTIONS = ("sum", "sumsoftmaxweight", "logsumexp_weight")
+
+
+def kernel_layout(formula, var_specs, reduction: str, opts: dict, dtype: str) -> dict:
+    """How the runtime launches the kernel: at most ``threads`` per block, ``group``
+    threads per row, dynamic shared memory ``smem_fixed + smem_per_thread * threads``
+    bytes, j in tiles of ``tile``, ``merge_per_row`` merge threads per row (split-j)."""
+    specs = sorted(var_specs, key=lambda v: v.index)
+    plan = _chunk_plan(formula, specs)
+    layout = {"threads": THREADS, "group": 1, "merge_per_row": 1, "smem_per_thread": 0}
+    if plan is not None:
+        fixed, per_thread = chunk_smem(plan, dtype)
+        return {**layout, "smem_fixed": fixed, "smem_per_thread": per_thread,
+                "tile": CHUNK_ROWS, "scheme": "chunked"}
+    tj = tile_rows(specs, dtype)
+    fixed = tj * sum(v.dim for v in specs if v.cat == "j") * element_size(dtype) if tj else 0
+    if _wide_plan(formula, reduction, opts) is not None:
+        W = formula.dim - (reduction != "sum")  # the slices cover the weight alone
+        return {**layout, "group": wide_group(W), "merge_per_row": W,
+                "smem_fixed": fixed, "tile": tj or 256, "scheme": "wide"}
+    return {**layout, "smem_fixed": fixed, "tile": tj or 256, "scheme": "direct"}
+
+
+def _n_outputs(formula, reduction, opts) -> int:
+    return len(reductions.get(reduction).outputs(formula.dim, opts))
+
+
+def _acc_dtype(reduction: str, opts: dict, dtype: str) -> str:
+    return opts.get("dtype_acc") or ("float64" if reduction == "sum" else dtype)
+
+
+def render_cuda_kernel(formula, var_specs, reduction: str, opts: dict, dtype: str,
+                       name: str = "lt") -> str:
+    """Complete CUDA source of ``<name>_reduce`` and ``<name>merge_code`` (module docstring).
+
+    Sources rendered with distinct names can be concatenated into one ``.cu``.
+    """
+    specs = sorted(var_specs, key=lambda v: v.index)
+    nvp = max([v.index + 1 for v in specs] + [1])
+    n_outs = _n_outputs(formula, reduction, opts)
+    plan = _chunk_plan(formula, specs)
+    lin = _wide_plan(formula, reduction, opts) if plan is None else None
+    shared = (_prelude(dtype, _acc_dtype(reduction, opts, dtype))
+              + acc_code(reduction, formula.dim, opts) + "\n")
+    common = common_code(name, nvp, n_outs)
+    if plan is not None:
+        body = chunked_kernel(plan, formula, specs, reduction, opts, dtype, name) + merge_code(name)
+    elif lin is not None:
+        body = (wide_kernel(lin, formula, specs, opts, dtype, name) if reduction == "sum" else
+                wide_softmax_kernel(lin, formula, specs, reduction, dtype, name))
+    else:
+        body = direct_kernel(formula, specs, reduction, opts, dtype, name) + merge_code(name)
+    return (f"{HEADER}// kernel {name}: {reduction}, {dtype}\nnamespace {name} {{\n"
+            f"{shared}{common}{body}}}  // namespace {name}\n")
+
+
+
+__all__ = [
+    "MAX_BATCH_DIMS",
+    "THREADS",
+    "VarSpec",
+    "args_fields",
+    "kernel_layout",
+    "render_cuda_kernel",
+    "tile_rows",
+]

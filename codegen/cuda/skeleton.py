@@ -1,0 +1,156 @@
+"""What every CUDA kernel of lazytensor shares: its ABI (``LtArgs``), the block decode,
+the finish and merge kernels, the j-tile of shared memory, the row registers.
+
+See :mod:`lazytensor.codegen.cuda.render` for the kernel schemes built on these.
+
+>>> [name for name, _ in args_fields(2, 1)][:3]
+['vars', 'outs', 'part']
+"""
+
+from __future__ import annotations
+
+MAX_BATCH_DIMS = 8  # batch dimensions a kernel takes, after merging compatible ones
+THREADS = 256  # largest block (rows per block), the __launch_bounds__
+LOCAL_DIM = 16  # i-variables up to this dimension are copied to registers
+TILE_BYTES = 16384  # shared memory per block for the j-tiles of direct kernels
+MAX_ROW_BYTES = 4096  # above this (bytes of one j-row), j-data is read from global memory
+CHUNK_ROWS = 32  # R: j-rows per register tile of chunked kernels
+WIDE_SLICE = 16  # output components per thread of a wide sum
+CHUNK_BYTES = 128  # C * sizeof(T): a chunk of the vector dimension (32 floats, 16 doubles)
+HEADER = ("#include <math.h>\n#include <stdint.h>\n#include <stdlib.h>\n#include <string.h>\n"
+           "extern __shared__ __align__(16) unsigned char lt_smem[];  // dynamic shared memory\n")
+
+
+def args_fields(n_vars: int, n_outs: int) -> list[tuple[str, int]]:
+    """``LtArgs``'s fields in order, as (name, number of 8-byte words)."""
+    nv = max(1, n_vars)
+    return [("vars", nv), ("outs", n_outs), ("part", 1), ("vbs", nv * MAX_BATCH_DIMS),
+            ("bshape", MAX_BATCH_DIMS), ("N", 1), ("M", 1), ("B", 1), ("nbd", 1),
+            ("nJC", 1), ("JC", 1)]
+
+
+def element_size(dtype: str) -> int:
+    return 4 if dtype == "float32" else 8
+
+
+def tile_rows(var_specs, dtype: str) -> int:
+    """Rows of a direct kernel's j-tile in shared memory; 0 when j-data stays in global
+    memory (rows too wide, or no j-variable)."""
+    row = sum(v.dim for v in var_specs if v.cat == "j") * element_size(dtype)
+    if row == 0 or row > MAX_ROW_BYTES:
+        return 0
+    rows = 256
+    while rows > 1 and rows * row > TILE_BYTES:
+        rows //= 2
+    return rows
+
+
+def min_blocks(formula, opts: dict, dtype: str) -> int:
+    """The second __launch_bounds__ argument (always given: without it nvcc 13 caps a
+    256-thread kernel at 64 registers and spills): 4 blocks of 256 threads (64 registers)
+    for narrow float32 kernels whose accumulator is small, 2 in float64, else 1."""
+    state = formula.dim * int(opts.get("K", 1))
+    if formula.dim <= LOCAL_DIM and state <= 16:
+        return 4 if dtype == "float32" else 2
+    return 1
+
+
+def common_code(name: str, nvp: int, n_outs: int) -> str:
+    words = sum(n for _, n in args_fields(nvp, n_outs))
+    offsets = "\n".join(
+        f"      off[{v}] += idx * a.vbs[{v} * MAX_BD + d];" for v in range(nvp))
+    return f"""
+// ------------------------------------------------------------------ CUDA skeleton
+static const int MAX_BD = {MAX_BATCH_DIMS};
+static const int NVP = {nvp};
+
+// All fields are 8 bytes wide: the host packs them as an array of {words} words.
+struct LtArgs {{
+  const T* vars[NVP];
+  void* outs[{n_outs}];
+  Acc* part;
+  int64_t vbs[NVP * MAX_BD];
+  int64_t bshape[MAX_BD];
+  int64_t N, M, B, nbd, nJC, JC;
+}};
+static_assert(sizeof(LtArgs) == {words} * 8, "LtArgs layout");
+
+// What one block works on: batch b, rows [i0, i0 + rows), columns [jb, je).
+struct LtBlock {{
+  int64_t b, i0, jb, je, jc;
+  const T* base[NVP];
+}};
+
+__device__ __forceinline__ LtBlock lt_block(const LtArgs& a, int64_t bid, int64_t rows) {{
+  LtBlock k;
+  const int64_t nIB = (a.N + rows - 1) / rows;
+  k.jc = bid % a.nJC;
+  int64_t q = bid / a.nJC;
+  k.i0 = (q % nIB) * rows;
+  k.b = q / nIB;
+  k.jb = k.jc * a.JC;
+  k.je = (k.jb + a.JC < a.M) ? k.jb + a.JC : a.M;
+  int64_t off[NVP];
+#pragma unroll
+  for (int v = 0; v < NVP; ++v) off[v] = 0;
+  q = k.b;
+#pragma unroll
+  for (int d = MAX_BD - 1; d >= 0; --d) {{
+    if (d < a.nbd) {{
+      const int64_t idx = q % a.bshape[d];
+      q /= a.bshape[d];
+{offsets}
+    }}
+  }}
+#pragma unroll
+  for (int v = 0; v < NVP; ++v) k.base[v] = a.vars[v] + off[v];
+  return k;
+}}
+
+__device__ __forceinline__ void lt_finish(const LtArgs& a, const LtBlock& k, int64_t i,
+                                          const Acc& acc) {{
+  const int64_t row = k.b * a.N + i;
+  if (a.nJC == 1) acc.write(a.outs, row);
+  else a.part[k.jc * (a.B * a.N) + row] = acc;
+}}
+
+extern "C" {{ __device__ Acc {name}_acc; }}  // sizeof(Acc), read by the runtime
+"""
+
+
+def merge_code(name: str) -> str:
+    return f"""
+extern "C" __global__ void __launch_bounds__({THREADS}, 1) {name}_merge(const LtArgs a) {{
+  const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= a.B * a.N) return;
+  const int64_t R = a.B * a.N;
+  Acc acc = a.part[r];
+  for (int64_t c = 1; c < a.nJC; ++c) acc.merge(a.part[c * R + r]);
+  acc.write(a.outs, r);
+}}
+"""
+
+
+def row_registers(specs, only=None) -> tuple[list, list, dict]:
+    """Declarations and loads of the narrow i-variables kept in registers, and the
+    argument text of each variable index for ``lt_formula``."""
+    decls, loads, args = [], [], {}
+    for v in specs:
+        if v.cat != "i" or (only is not None and v.index not in only):
+            continue
+        k = v.index
+        if v.dim <= LOCAL_DIM:
+            decls.append(f"T x{k}[{v.dim}];")
+            loads.append(f"for (int c = 0; c < {v.dim}; ++c) x{k}[c] = k.base[{k}][i * {v.dim} + c];")
+            args[k] = f"x{k}"
+        else:
+            decls.append(f"const T* x{k} = 0;")
+            loads.append(f"x{k} = k.base[{k}] + i * {v.dim};")
+            args[k] = f"x{k}"
+    return decls, loads, args
+
+
+
+__all__ = ["CHUNK_BYTES", "CHUNK_ROWS", "HEADER", "LOCAL_DIM", "MAX_BATCH_DIMS", "THREADS",
+           "WIDE_SLICE", "args_fields", "common_code", "element_size", "merge_code",
+           "min_blocks", "row_registers", "tile_rows"]

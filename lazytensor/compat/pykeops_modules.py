@@ -1,0 +1,246 @@
+"""The modules of the pykeops alias: what ``pykeops``, ``pykeops.torch``, ... hold.
+
+Each entry of :data:`BUILDERS` makes one module object from lazytensor's own objects
+(``pykeops.torch.LazyTensor is lazytensor.LazyTensor``); :mod:`lazytensor.compat.pykeops`
+serves them on import. The names follow pykeops 2.3; functions that manage pykeops's
+build folder act on lazytensor's kernel cache.
+
+>>> m = BUILDERS["pykeops.config"]("pykeops.config")
+>>> m.numpy_found, isinstance(m.gpu_available, bool)
+(True, True)
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+from types import ModuleType
+from typing import Callable
+
+import numpy as np
+
+API_VERSION = "2.3"  # the pykeops release whose API the alias follows
+ROOTS = ("pykeops", "keopscore")
+
+_TORCH_NAMES = ("Genred", "KernelSolve", "LazyTensor", "Pm", "Vi", "Vj", "generic_argkmin",
+                "generic_argmin", "generic_logsumexp", "generic_sum")
+
+
+def _module(name: str, doc: str, **attrs) -> ModuleType:
+    module = ModuleType(name, doc)
+    module.__dict__.update(attrs)
+    return module
+
+
+def _lazy_submodules(module: ModuleType, names: tuple) -> None:
+    """``pykeops.torch`` after ``import pykeops`` (as pykeops, which imports it eagerly)."""
+
+    def __getattr__(attr):
+        if attr in names:
+            return importlib.import_module(f"{module.__name__}.{attr}")
+        raise AttributeError(f"lazytensor's pykeops alias: module {module.__name__!r} has no "
+                             f"attribute {attr!r}")
+
+    module.__getattr__ = __getattr__
+
+
+# ---------------------------------------------------------------------------- pykeops
+
+
+def _cache_root() -> str:
+    from ..cache import default_cache
+
+    return str(default_cache().root)
+
+
+def set_build_folder(path: str | None = None) -> None:
+    """pykeops's ``set_build_folder``: lazytensor's kernel cache moves to ``path``
+    (``$LAZYTENSOR_CACHE_DIR``); ``None`` goes back to the default location."""
+    from ..cache.location import ENV_VAR
+
+    if path is None:
+        os.environ.pop(ENV_VAR, None)
+    else:
+        os.environ[ENV_VAR] = os.fspath(path)
+
+
+def clean_pykeops(recompile_jit_binaries: bool = True) -> None:
+    """pykeops's ``clean_pykeops``: empties lazytensor's kernel cache (kernels are
+    rebuilt on their next use)."""
+    from ..cache import default_cache
+
+    default_cache().clear()
+
+
+def _bindings_check(library: str) -> None:
+    from .. import Vi, Vj
+
+    rng = np.random.default_rng(0)
+    x, y, b = rng.random((10, 3)), rng.random((12, 3)), rng.random((12, 2))
+    if library == "torch":
+        import torch
+
+        x, y, b = (torch.as_tensor(a) for a in (x, y, b))
+    got = np.asarray((-Vi(x).sqdist(Vj(y))).exp() @ b)
+    want = np.exp(-((np.asarray(x)[:, None] - np.asarray(y)[None]) ** 2).sum(-1)) @ np.asarray(b)
+    if not np.allclose(got, want, rtol=1e-10, atol=1e-12):
+        raise RuntimeError(f"lazytensor ({library}): a Gaussian kernel product disagrees with "
+                           f"NumPy (max error {np.abs(got - want).max():.3g})")
+    print(f"pyKeOps with {library} bindings is working! (lazytensor)")
+
+
+def test_torch_bindings() -> None:
+    """pykeops's install check, on lazytensor with torch tensors."""
+    _bindings_check("torch")
+
+
+def test_numpy_bindings() -> None:
+    """pykeops's install check, on lazytensor with NumPy arrays."""
+    _bindings_check("numpy")
+
+
+def check_health() -> None:
+    """What lazytensor can run on: the C++ compiler, CUDA, the cache directory."""
+    from ..codegen.compilers import cpu_compiler
+
+    compiler = cpu_compiler()
+    print(f"lazytensor kernels (pykeops alias, API {API_VERSION})")
+    print(f"  C++ compiler: {'available' if compiler.available else 'missing'}")
+    print(f"  CUDA device: {'available' if _gpu_available() else 'none'}")
+    print(f"  kernel cache: {_cache_root()}")
+
+
+def _gpu_available() -> bool:
+    if importlib.util.find_spec("torch") is None:
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def _top(name: str) -> ModuleType:
+    import lazytensor
+
+    module = _module(
+        name, "lazytensor, under the name pykeops (see lazytensor.compat.pykeops).",
+        __version__=API_VERSION, lazytensor_version=lazytensor.__version__, verbose=True,
+        default_device_id=0, numpy_found=True,
+        torch_found=importlib.util.find_spec("torch") is not None,
+        clean_pykeops=clean_pykeops, check_health=check_health,
+        get_build_folder=_cache_root, keops_get_build_folder=_cache_root,
+        set_build_folder=set_build_folder, test_torch_bindings=test_torch_bindings,
+        test_numpy_bindings=test_numpy_bindings, show_cuda_status=False)
+
+    def set_verbose(val: bool) -> None:
+        module.verbose = bool(val)
+
+    module.set_verbose = set_verbose
+    _lazy_submodules(module, ("config", "torch", "numpy"))
+    return module
+
+
+def _config(name: str) -> ModuleType:
+    return _module(
+        name, "pykeops.config on lazytensor: what the alias can run on.",
+        gpu_available=_gpu_available(), numpy_found=True,
+        torch_found=importlib.util.find_spec("torch") is not None,
+        get_build_folder=_cache_root, set_build_folder=set_build_folder)
+
+
+# ---------------------------------------------------------------------------- torch / numpy
+
+
+class ComplexLazyTensor:
+    """pykeops's complex LazyTensor: importable (code that imports it without using it
+    runs), not yet supported (constructing one raises)."""
+
+    def __init__(self, *args, **kwargs):
+        raise NotImplementedError("ComplexLazyTensor: complex data is not supported by "
+                                  "lazytensor yet; split it into real and imaginary parts")
+
+
+def _frontend(library: str) -> Callable[[str], ModuleType]:
+    def build(name: str) -> ModuleType:
+        front = importlib.import_module(f"lazytensor.{library}")
+        module = _module(name, f"pykeops.{library} on lazytensor ({front.__name__}).",
+                         __all__=list(_TORCH_NAMES), ComplexLazyTensor=ComplexLazyTensor,
+                         **{n: getattr(front, n) for n in _TORCH_NAMES})
+        _lazy_submodules(module, ("cluster", "operations", "generic", "lazytensor"))
+        return module
+
+    return build
+
+
+def _cluster(name: str) -> ModuleType:
+    from .. import cluster
+
+    return _module(name, "pykeops's cluster helpers on lazytensor (lazytensor.cluster).",
+                   __all__=list(cluster.__all__),
+                   **{n: getattr(cluster, n) for n in cluster.__all__})
+
+
+def _operations(name: str) -> ModuleType:
+    from ..solve import KernelSolve
+
+    return _module(name, "pykeops's KernelSolve on lazytensor.", KernelSolve=KernelSolve)
+
+
+def _generic(name: str) -> ModuleType:
+    from .. import genred
+
+    names = ("Genred", "generic_argkmin", "generic_argmin", "generic_logsumexp", "generic_sum")
+    return _module(name, "pykeops's Genred and generic_* on lazytensor.",
+                   generic_red=genred, generic_ops=genred, **{n: getattr(genred, n) for n in names})
+
+
+def _lazytensor_module(name: str) -> ModuleType:
+    from .. import lazy
+
+    return _module(name, "pykeops's LazyTensor module on lazytensor.", LazyTensor=lazy.LazyTensor,
+                   GenericLazyTensor=lazy.LazyTensor, Vi=lazy.Vi, Vj=lazy.Vj, Pm=lazy.Pm)
+
+
+# ---------------------------------------------------------------------------- keopscore
+
+
+class _Flags:
+    """keopscore's configuration objects: flags that clients set (``use_cuda``) and read."""
+
+    def __init__(self, **flags):
+        self.__dict__.update(flags)
+
+    def get_use_cuda(self) -> bool:
+        return bool(self.use_cuda)
+
+    def get_build_folder(self) -> str:
+        return _cache_root()
+
+
+def _keopscore(name: str) -> ModuleType:
+    return _module(name, "keopscore's flags for clients of the pykeops alias (no effect).",
+                   __version__=API_VERSION, verbose=True, auto_factorize=False, debug_ops=False,
+                   debug_ops_at_exec=False)
+
+
+def _keopscore_config(name: str) -> ModuleType:
+    flags = _Flags(use_cuda=_gpu_available(), use_OpenMP=True)
+    return _module(name, "keopscore.config's flags for clients of the pykeops alias (no effect).",
+                   config=flags, cuda_config=flags, openmp_config=flags,
+                   use_cuda=flags.use_cuda, get_build_folder=_cache_root)
+
+
+BUILDERS: dict[str, Callable[[str], ModuleType]] = {
+    "pykeops": _top,
+    "pykeops.config": _config,
+    "keopscore": _keopscore,
+    "keopscore.config": _keopscore_config,
+}
+for _lib in ("torch", "numpy"):
+    BUILDERS[f"pykeops.{_lib}"] = _frontend(_lib)
+    BUILDERS[f"pykeops.{_lib}.cluster"] = _cluster
+    BUILDERS[f"pykeops.{_lib}.operations"] = _operations
+    BUILDERS[f"pykeops.{_lib}.generic"] = _generic
+    BUILDERS[f"pykeops.{_lib}.lazytensor"] = _lazytensor_module
+
+PACKAGES = frozenset({"pykeops", "pykeops.torch", "pykeops.numpy", "keopscore"})

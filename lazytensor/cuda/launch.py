@@ -1,0 +1,209 @@
+"""Launching a CUDA kernel: the grid (1D or split-j), its packed arguments, the buffers.
+
+:func:`launch_cuda` runs a :class:`~lazytensor.cuda.kernels.CudaKernel` on torch tensors
+(outputs allocated by torch on the tensors' device, on torch's current stream, see
+:mod:`lazytensor.cuda.streams`); :func:`launch_numpy` on NumPy arrays, copied to the GPU
+and back through pycuda (as ``pykeops.numpy`` does on a GPU). Both pick the scheme: one
+thread per row (1D) when there are enough rows to fill the device, else the split-j
+scheme (partial accumulators in a scratch buffer, then the merge kernel). See
+:mod:`lazytensor.codegen.cuda.render` for the kernels and their ABI.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..codegen.cuda.render import MAX_BATCH_DIMS, args_fields
+from . import driver, streams
+
+_BLOCKS_PER_SM = 4  # blocks per multiprocessor the split-j scheme aims for
+_MIN_CHUNK = 1024  # fewest j per chunk in the split-j scheme
+_MAX_PART_BYTES = 256 << 20  # partial accumulators of the split-j scheme
+_MAX_GRID = 2**31 - 1
+
+
+# ---------------------------------------------------------------------------- planning
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Grid of one reduction: ``nJC == 1`` is the 1D scheme, ``nJC > 1`` split-j."""
+
+    threads: int
+    nJC: int
+    JC: int
+    grid: int
+    merge_grid: int
+    part_bytes: int
+
+
+def plan_launch(N: int, M: int, B: int, sm_count: int, threads: int, tile: int,
+                acc_bytes: int, group: int = 1, merge_per_row: int = 1) -> LaunchPlan:
+    """Choose the scheme: split j only when the row blocks cannot fill the device.
+
+    >>> plan_launch(10**6, 10**6, 1, 132, 256, 256, 16).nJC
+    1
+    >>> p = plan_launch(100, 10**6, 1, 132, 256, 256, 16); (p.nJC > 100, p.JC % 256)
+    (True, 0)
+    """
+    rows = max(1, threads // group)  # rows per block: ``group`` threads share a row
+    n_ib = -(-N // rows)
+    blocks = B * n_ib
+    target = _BLOCKS_PER_SM * sm_count
+    nJC, JC = 1, max(M, 1)
+    if 0 < blocks < target and M >= 2 * _MIN_CHUNK:
+        want = min(-(-target // blocks), M // _MIN_CHUNK,
+                   max(1, _MAX_PART_BYTES // max(1, B * N * acc_bytes)))
+        if want > 1:
+            JC = -(-M // want)
+            JC = -(-JC // tile) * tile
+            nJC = -(-M // JC)
+    if nJC == 1:
+        JC = max(M, 1)
+    grid = blocks * nJC
+    if grid > _MAX_GRID:
+        raise ValueError(f"too many rows for one CUDA launch ({B} x {N})")
+    merge_grid = -(-B * N * merge_per_row // threads) if nJC > 1 else 0
+    part_bytes = B * N * nJC * acc_bytes if nJC > 1 else 0
+    return LaunchPlan(threads, nJC, JC, grid, merge_grid, part_bytes)
+
+
+def batch_layout(shapes: list, cats: list, batch: tuple) -> tuple[list, list]:
+    """``(bshape, vbs)`` for variables of canonical contiguous ``shapes``.
+
+    ``vbs[v][k]`` is variable v's element stride along batch dim k (0 where it is
+    broadcast). Batch dims of size 1 are dropped and neighbours that every variable
+    walks alike are merged, so that at most ``MAX_BATCH_DIMS`` remain.
+
+    >>> batch_layout([(2, 3, 5, 4), (1, 3, 7, 4)], ["i", "j"], (2, 3))
+    ([2, 3], [[60, 20], [0, 28]])
+    >>> batch_layout([(2, 3, 5, 4), (2, 3, 7, 4)], ["i", "j"], (2, 3))
+    ([6], [[20], [28]])
+    """
+    nbd = len(batch)
+    vbs = []
+    for shape, cat in zip(shapes, cats):
+        shape = tuple(shape)
+        tail = 2 if cat in ("i", "j") else 1
+        own = shape[: len(shape) - tail]
+        own = (1,) * (nbd - len(own)) + tuple(own)
+        stride = 1
+        for s in shape[len(shape) - tail:]:
+            stride *= s
+        strides = [0] * nbd
+        for k in range(nbd - 1, -1, -1):
+            strides[k] = 0 if own[k] == 1 else stride
+            stride *= own[k]
+        vbs.append(strides)
+    dims = [k for k in range(nbd) if batch[k] != 1]
+    bshape = [batch[k] for k in dims]
+    vbs = [[s[k] for k in dims] for s in vbs]
+    k = len(bshape) - 2
+    while k >= 0:  # merge dim k+1 into dim k where every variable allows it
+        if all(s[k] == s[k + 1] * bshape[k + 1] for s in vbs):
+            bshape[k] *= bshape.pop(k + 1)
+            for s in vbs:
+                s[k] = s.pop(k + 1)
+        k -= 1
+    if len(bshape) > MAX_BATCH_DIMS:
+        raise ValueError(f"the CUDA backend takes at most {MAX_BATCH_DIMS} batch dimensions "
+                         f"that cannot be merged, got batch shape {tuple(batch)}")
+    return bshape, vbs
+
+
+def pack_args(n_vars: int, n_outs: int, var_ptrs: list, out_ptrs: list, part_ptr: int,
+              bshape: list, vbs: list, N: int, M: int, nJC: int, JC: int) -> list:
+    """The words of ``LtArgs`` (one unsigned 64-bit word per field element, in
+    ``args_fields`` order): the arguments of the prepared call (format ``"Q" * n``)."""
+    B = 1
+    for s in bshape:
+        B *= s
+    nvp = max(1, n_vars)
+    flat_vbs = [0] * (nvp * MAX_BATCH_DIMS)
+    for v, strides in enumerate(vbs):
+        for k, s in enumerate(strides):
+            flat_vbs[v * MAX_BATCH_DIMS + k] = s
+    values = {
+        "vars": list(var_ptrs) + [0] * (nvp - len(var_ptrs)),
+        "outs": list(out_ptrs),
+        "part": [part_ptr],
+        "vbs": flat_vbs,
+        "bshape": list(bshape) + [1] * (MAX_BATCH_DIMS - len(bshape)),
+        "N": [N], "M": [M], "B": [B], "nbd": [len(bshape)], "nJC": [nJC], "JC": [JC],
+    }
+    words = []
+    for name, count in args_fields(n_vars, n_outs):
+        vals = values[name]
+        if len(vals) != count:
+            raise ValueError(f"LtArgs.{name}: {len(vals)} values for {count} slots")
+        words.extend(vals)
+    return [w & 0xFFFFFFFFFFFFFFFF for w in words]
+
+
+
+# ---------------------------------------------------------------------------- launch
+
+
+def _plan_and_layout(kernel, shapes, cats, batch, N, M):
+    bshape, vbs = batch_layout(shapes, cats, tuple(batch))
+    B = 1
+    for s in bshape:
+        B *= s
+    plan = plan_launch(N, M, B, kernel.sm_count, kernel.threads, kernel.tile, kernel.acc_bytes,
+                       int(kernel.layout.get("group", 1)),
+                       int(kernel.layout.get("merge_per_row", 1)))
+    return bshape, vbs, plan
+
+
+def _run(kernel, plan, words, stream) -> None:
+    fns = kernel.functions
+    fns["reduce"].prepared_async_call((plan.grid, 1, 1), (plan.threads, 1, 1), stream, *words,
+                                      shared_size=kernel.smem)
+    if plan.nJC > 1:
+        fns["merge"].prepared_async_call((plan.merge_grid, 1, 1), (plan.threads, 1, 1), stream,
+                                         *words)
+
+
+def launch_cuda(kernel, arrays: list, cats: list, batch: tuple, N: int, M: int,
+                outs: list) -> None:
+    """Run ``kernel`` on contiguous torch CUDA tensors (canonical layout) into ``outs``."""
+    import torch
+
+    bshape, vbs, plan = _plan_and_layout(kernel, [a.shape for a in arrays], cats, batch, N, M)
+    part = None
+    if plan.nJC > 1:
+        # from torch's allocator, on torch's current stream: it waits for our stream
+        # after the launches, so reusing the buffer there is ordered after them
+        part = torch.empty(plan.part_bytes, dtype=torch.uint8, device=outs[0].device)
+    words = pack_args(kernel.n_vars, kernel.n_outs, [a.data_ptr() for a in arrays],
+                      [o.data_ptr() for o in outs], part.data_ptr() if part is not None else 0,
+                      bshape, vbs, N, M, plan.nJC, plan.JC)
+    with streams.launch_scope(kernel.device, kernel.description) as stream:
+        _run(kernel, plan, words, stream)
+
+
+def launch_numpy(kernel, arrays: list, cats: list, batch: tuple, N: int, M: int,
+                 outs: list) -> None:
+    """Run ``kernel`` on NumPy arrays: copied to the GPU, results copied back into ``outs``."""
+    drv = driver.pycuda_driver()
+    bshape, vbs, plan = _plan_and_layout(kernel, [a.shape for a in arrays], cats, batch, N, M)
+    with driver.in_context(kernel.device):
+        inputs = [drv.to_device(np.ascontiguousarray(a)) for a in arrays]
+        results = [drv.mem_alloc(max(o.nbytes, 1)) for o in outs]
+        part = drv.mem_alloc(plan.part_bytes) if plan.nJC > 1 else None
+        words = pack_args(kernel.n_vars, kernel.n_outs, [int(a) for a in inputs],
+                          [int(r) for r in results], int(part) if part is not None else 0,
+                          bshape, vbs, N, M, plan.nJC, plan.JC)
+    with streams.launch_scope(kernel.device, kernel.description, torch_stream=False) as stream:
+        _run(kernel, plan, words, stream)
+        for o, r in zip(outs, results):
+            drv.memcpy_dtoh(o, r)  # on the null stream: after the kernels
+    with driver.in_context(kernel.device):
+        for buf in inputs + results + ([part] if part is not None else []):
+            buf.free()
+
+
+__all__ = ["LaunchPlan", "batch_layout", "launch_cuda", "launch_numpy", "pack_args",
+           "plan_launch"]
