@@ -105,6 +105,10 @@ class FusedReduction(torch.autograd.Function):
         outs = execute(fused, list(tensors), ranges)
         out, J = reductions.get(call.reduction).dual_outputs(outs, call.formula.dim)
         out = out.contiguous()
+        if ranges is not None and ranges.empty_rows().any():
+            # rows that reduce over no pair have no tangent (a log-sum-exp's would be 0/0)
+            empty = torch.from_numpy(ranges.empty_rows()).to(J.device)
+            J = J.masked_fill(empty[:, None, None], 0)
         ctx.call, ctx.ks, ctx.n_in, ctx.ranges = call, tuple(ks), len(tensors), ranges
         ctx.save_for_backward(*tensors, out, J)
         return out

@@ -81,6 +81,7 @@ class BlockRanges:
         self.blocks, self.intervals, self.pairs = blocks, intervals, pairs
         self._source, self._sizes, self._names = source, sizes, names
         self._t = None
+        self._empty = None
         self._device: dict = {}
 
     @classmethod
@@ -110,6 +111,19 @@ class BlockRanges:
             self._t = BlockRanges._from(s[3:] + s[:3], (n_red, n_out), nm[3:] + nm[:3])
             self._t._t = self
         return self._t
+
+    def empty_rows(self) -> np.ndarray:
+        """(n_out,) bool: the rows that reduce over no pair (kept).
+
+        >>> r = BlockRanges(np.array([[0, 2, 0, 1], [2, 3, 1, 1]]), np.array([[0, 3]]), 6,
+        ...                 (), (), ())
+        >>> r.empty_rows().tolist()
+        [False, False, True]
+        """
+        if self._empty is None:
+            blk = self.blocks
+            self._empty = np.repeat(blk[:, 3] == blk[:, 2], blk[:, 1] - blk[:, 0])
+        return self._empty
 
     def pieces(self, rows: int) -> np.ndarray:
         """The blocks cut into pieces of at most ``rows`` rows: (n, 4) int64 ``(i0, i1,

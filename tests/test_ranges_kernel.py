@@ -228,3 +228,28 @@ def test_ranges_changed_in_place_are_read_again(rng, library):
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
         red = ranges[2]  # the same objects, new contents
         red[:, 0] = red[:, 0] // 2
+
+
+@pytest.mark.parametrize("grad_mode", ["symbolic", "dual"])
+def test_rows_without_pairs_have_finite_gradients(rng, grad_mode):
+    """A cluster of rows that keeps no pair: log-sum-exp -inf there, its rows out of the
+    loss, the gradients of the others finite and exact (dual mode: no 0/0 tangent)."""
+    torch = pytest.importorskip("torch")
+    N, M = 60, 50
+    ri, rj = np.array([[0, 20], [20, 60]]), np.array([[0, 10], [10, 30], [30, 50]])
+    keep = np.array([[True, False, True], [False, False, True]])  # j cluster 1: no i
+    ranges = from_matrix(ri, rj, keep)
+    mask = np.repeat(np.repeat(keep, [20, 40], 0), [10, 20, 20], 1)
+    x = torch.from_numpy(rng.standard_normal((N, 2))).requires_grad_(True)
+    y = torch.from_numpy(rng.standard_normal((M, 2))).requires_grad_(True)
+    lse = (-Vi(x).sqdist(Vj(y))).logsumexp(dim=0, ranges=ranges, grad_mode=grad_mode)[:, 0]
+    d2 = ((x[:, None] - y[None]) ** 2).sum(-1)
+    ref = torch.logsumexp(torch.where(torch.from_numpy(mask), -d2, -torch.inf), dim=0)
+    ok = torch.from_numpy(mask.any(0))
+    assert not ok[10:30].any() and torch.isinf(lse[10:30]).all()
+    torch.testing.assert_close(lse[ok], ref[ok])
+    got = torch.autograd.grad(lse[ok].sum(), (x, y))
+    want = torch.autograd.grad(ref[ok].sum(), (x, y))
+    for a, w in zip(got, want):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, w)
