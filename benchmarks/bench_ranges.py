@@ -1,6 +1,6 @@
 """Block-sparse ranges and a client (geomloss) against pykeops and dense torch.
 
-``python -m benchmarks.bench_ranges [--quick] [--rounds 5] [--tables ranges,client]
+``python -m benchmarks.bench_ranges [--quick] [--rounds 5] [--tables ranges,grad,client]
 [--cases multiscale:2000,online:2000] [--client-budget S] [--write FILE]``, or the
 ``ranges`` suite of ``python -m benchmarks.bench``.
 
@@ -9,6 +9,8 @@
   the pairs), Gaussian kernel product ``K @ b`` with σ = 0.05, float32: the full product,
   the same with ``K.ranges`` and pykeops 2.3 with the same ranges; the target is ranges
   time ≤ 1.4 × (kept fraction) × full time.
+- **grad table**: log-sum-exp over the same clustering at N = M = 20,000 with x requiring
+  grad, forward + backward in each gradient mode against the forward alone.
 - **client table**: geomloss's ``SamplesLoss("sinkhorn")`` loss and gradients, backends
   ``online`` and ``multiscale`` (block-sparse ranges), on lazytensor (geomloss's pykeops
   imports served by lazytensor), on pykeops 2.3 and geomloss's dense ``tensorized``
@@ -86,6 +88,38 @@ def ranges_table(args) -> Table:
               if isinstance(res["full"], tuple) else res["full"],
               _cell(res["ranges"], ours=True), speed_cell,
               _cell(res["keops"]) if "keops" in res else why)
+    return t
+
+
+def grad_table(args) -> Table:
+    """Log-sum-exp over block-sparse ranges with x requiring grad: forward + backward in
+    each gradient mode against the forward alone (what Sinkhorn's last step runs)."""
+    import torch
+
+    from lazytensor import Vi, Vj
+
+    t = _start(Table("Block-sparse log-sum-exp with gradients, D = 3, float32",
+                     ["N = M", "kept", "forward", "fwd + bwd, symbolic",
+                      "fwd + bwd, dual", "dual / symbolic (medians)"],
+                     "The README's clustering; (b_j - |x_i - y_j|² / σ²).logsumexp(dim=1) "
+                     "with σ = 0.05, gradient w.r.t. x; ×: median over rounds of the time "
+                     "over the forward's."))
+    for n in args.grad_sizes:
+        x, y, b, ranges, kept, _ = clustered_problem(n)
+        x.requires_grad_(True)
+
+        def run(mode, backward=True, x=x, y=y, b=b, ranges=ranges):
+            out = (Vj(b) - Vi(x).sqdist(Vj(y)) / 0.05**2).logsumexp(dim=1, ranges=ranges,
+                                                                    grad_mode=mode)
+            if backward:
+                torch.autograd.grad(out.sum(), x)
+        res = compare({"forward": lambda: run("symbolic", False),
+                       "symbolic": lambda: run("symbolic"), "dual": lambda: run("dual")},
+                      args.rounds, args.budget)
+        ratio = (f"×{res['dual'][0] / res['symbolic'][0]:.2f}"
+                 if all(isinstance(res[k], tuple) for k in ("dual", "symbolic")) else "—")
+        t.add(f"{n:,}", f"{100 * kept:.1f} %", _cell((res["forward"][0], None), ours=True),
+              _cell(res["symbolic"]), _cell(res["dual"]), ratio)
     return t
 
 
@@ -233,7 +267,8 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--write", metavar="FILE")
-    p.add_argument("--tables", default="ranges,client", help="ranges, client or both")
+    p.add_argument("--tables", default="ranges,client",
+                   help="comma-separated: ranges, grad (log-sum-exp gradients), client")
     p.add_argument("--cases", help="client cases, e.g. multiscale:2000,online:2000")
     p.add_argument("--client-budget", type=float, default=None,
                    help="seconds a client call may take before its contender stops")
@@ -247,6 +282,7 @@ def main(argv=None) -> int:
     print(f"machine: {machine()}")
     which = args.tables.split(",")
     tables = ([ranges_table(args)] if "ranges" in which else []) + (
+        [grad_table(args)] if "grad" in which else []) + (
         [client_table(args)] if "client" in which else [])
     if args.write:
         with open(args.write, "w") as f:
@@ -260,6 +296,7 @@ def configure(args) -> None:
     args.rounds = getattr(args, "rounds", None) or (3 if quick else 5)
     args.budget = getattr(args, "budget", None) or (5.0 if quick else 60.0)
     args.ranges_sizes = [20_000] if quick else [100_000]
+    args.grad_sizes = [5_000] if quick else [20_000]
     args.client_cases = ([("online", 2000), ("multiscale", 2000)] if quick else
                          [("online", 2000), ("multiscale", 2000), ("multiscale", 50_000)])
     args.dense_limit = 20_000
