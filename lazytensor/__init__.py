@@ -50,7 +50,7 @@ if not os.path.isdir(os.path.join(_root, "lazytensor", "codegen")) and not any(
 
 # public name -> module that defines it
 _EXPORTS = {
-    "LazyTensor": "lazy", "Vi": "lazy", "Vj": "lazy", "Pm": "lazy",
+    "LazyTensor": "lazy", "ComplexLazyTensor": "lazy", "Vi": "lazy", "Vj": "lazy", "Pm": "lazy",
     "Genred": "genred", "generic_sum": "genred", "generic_logsumexp": "genred",
     "generic_argmin": "genred", "generic_argkmin": "genred",
     "KernelSolve": "solve",
@@ -58,7 +58,7 @@ _EXPORTS = {
     "set_default_grad_mode": "options",
 }
 
-__all__ = ["LazyTensor", "Pm", "Vi", "Vj", "__version__", "Genred", "KernelSolve",
+__all__ = ["ComplexLazyTensor", "LazyTensor", "Pm", "Vi", "Vj", "__version__", "Genred", "KernelSolve",
            "elementwise", "generic_argkmin", "generic_argmin", "generic_logsumexp",
            "generic_sum", "set_default_grad_mode"]
 

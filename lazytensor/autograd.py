@@ -13,6 +13,9 @@ The symbolic part of a backward (the VJP formulas, their calls, the form their k
 take, :func:`lazytensor.codegen.linearize.plan_gradient_sum`) is a :class:`VjpPlan`,
 worked out once per call and set of inputs that need a gradient (:func:`vjp_plan`) and
 kept in the call's memo: a repeated backward runs no differentiation.
+
+The Function is written in the ``setup_context`` style with ``vmap`` and ``jvp`` rules
+(:mod:`lazytensor.transforms`), so torch.func transforms and forward-mode AD compose with it.
 """
 
 from __future__ import annotations
@@ -28,21 +31,53 @@ from .codegen.compositions import concat
 from .codegen.evaluate import evaluate
 from .codegen.linearize import GradientPlan, plan_gradient_sum
 from .dispatch import ReductionCall, execute
+from .transforms import gathered_values, reduction_jvp, vmap_rule
+
+_is_wrapped = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", None)
 
 
 class KernelReduction(torch.autograd.Function):
     """``outputs = reduction(call)(*tensors)``, differentiable to any order."""
 
+    @classmethod
+    def apply(cls, *args):
+        # torch's Function.apply binds the arguments to forward's signature with inspect
+        # (~70 us a call, as much as a small reduction) when setup_context is defined.
+        # forward has no defaults to bind: outside torch.func transforms (and without
+        # tensors left over from one) the C entry point takes the arguments as they are.
+        if _is_wrapped is None or torch._C._are_functorch_transforms_active() or any(
+                _is_wrapped(a) for a in args[2:]):
+            return super().apply(*args)
+        return _C_APPLY(*args)
+
     @staticmethod
-    def forward(ctx, call: ReductionCall, ranges, *tensors):
-        outs = execute(call, list(tensors), ranges)
+    def forward(call: ReductionCall, ranges, *tensors):
+        return tuple(execute(call, list(tensors), ranges))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        call, ranges, tensors = inputs[0], inputs[1], inputs[2:]
         ctx.call, ctx.ranges = call, ranges
         ctx.n_in = len(tensors)
-        ctx.save_for_backward(*tensors, *outs)
-        for o, spec in zip(outs, call.outputs()):
+        ctx.save_for_backward(*tensors, *output)
+        ctx.save_for_forward(*tensors, *output)
+        for o, spec in zip(output, call.outputs()):
             if spec.kind == "index":
                 ctx.mark_non_differentiable(o)
-        return tuple(outs)
+
+    @staticmethod
+    def vmap(info, in_dims, call: ReductionCall, ranges, *tensors):
+        # the same ranges in every element of the vmapped dimension (a batch dimension)
+        return vmap_rule(lambda c, *t: KernelReduction.apply(c, ranges, *t), info,
+                         (in_dims[0], *in_dims[2:]), call, *tensors)
+
+    @staticmethod
+    def jvp(ctx, _call_tangent, _ranges_tangent, *tangents):
+        saved = ctx.saved_tensors
+        inputs, outs = list(saved[: ctx.n_in]), list(saved[ctx.n_in:])
+        ranges = ctx.ranges  # the JVP sums run over the same pairs
+        return tuple(reduction_jvp(lambda c, *t: KernelReduction.apply(c, ranges, *t),
+                                   ctx.call, inputs, outs, list(tangents)))
 
     @staticmethod
     def backward(ctx, *grads):
@@ -51,6 +86,10 @@ class KernelReduction(torch.autograd.Function):
         needs = ctx.needs_input_grad[2:]
         return (None, None, *reduction_vjp(ctx.call, inputs, outs, list(grads), needs,
                                            ctx.ranges))
+
+
+# The C entry point that torch's Function.apply ends in (bound to KernelReduction).
+_C_APPLY = super(torch.autograd.Function, KernelReduction).apply
 
 
 @dataclass(frozen=True)
@@ -199,41 +238,18 @@ def _gather_vjp(call, inputs, outs, g, needs) -> list:
     """Gradients of min/max/K-min values through their saved indices (no N×M work)."""
     if g is None:
         return [None] * len(inputs)
-    idx = outs[1]  # (*batch, N, K*F), layout [K][F]
-    F = call.formula.dim
-    KF = idx.shape[-1]
-    batch = tuple(call.batch)
-    nb = len(batch)
-    valid = idx >= 0
-    safe = idx.clamp(min=0)
-    with torch.enable_grad():
-        env = {}
-        used = {v.index for v in ir.variables(call.formula)}
-        for k, (x, cat) in enumerate(zip(inputs, call.cats)):
-            if k not in used:
-                continue
-            xb = x.reshape((1,) * (nb - (x.dim() - (1 if cat == "p" else 2))) + tuple(x.shape))
-            if cat == "i":
-                env[k] = xb[..., :, None, :]
-            elif cat == "p":
-                env[k] = xb[..., None, None, :]
-            else:
-                full = xb.expand(*batch, call.M, x.shape[-1])
-                flat = full.reshape(-1, call.M, x.shape[-1])
-                gi = safe.reshape(flat.shape[0], -1)[..., None].expand(-1, -1, x.shape[-1])
-                env[k] = torch.gather(flat, 1, gi).reshape(*batch, call.N, KF, x.shape[-1])
-        values = evaluate(call.formula, env, torch_namespace())
-        values = values.expand(*batch, call.N, KF, F)
-        comp = (torch.arange(KF, device=idx.device) % F).expand(*batch, call.N, KF)
-        picked = torch.gather(values, -1, comp[..., None])[..., 0]
-        picked = torch.where(valid, picked, torch.zeros_like(picked))
-        wanted = [k for k in range(len(inputs)) if needs[k]]
-        if picked.requires_grad:
-            grads = torch.autograd.grad(picked, [inputs[k] for k in wanted], g,
-                                        create_graph=torch.is_grad_enabled(), allow_unused=True)
-        else:  # the selected values do not depend on the inputs (comparisons, floor, ...)
-            grads = [None] * len(wanted)
+    wanted = [k for k in range(len(inputs)) if needs[k]]
+
+    def picked(*xs):
+        arrays = list(inputs)
+        for k, x in zip(wanted, xs):
+            arrays[k] = x
+        return gathered_values(call, call.formula, arrays, call.cats, outs[1])
+
+    # torch.func.vjp rather than torch.autograd.grad: it composes with the torch.func
+    # transforms around a backward (a batched g under jacrev), and with create_graph.
+    _, pullback = torch.func.vjp(picked, *[inputs[k] for k in wanted])
     result = [None] * len(inputs)
-    for k, gr in zip(wanted, grads):
-        result[k] = gr if gr is not None else torch.zeros_like(inputs[k])
+    for k, gr in zip(wanted, pullback(g)):
+        result[k] = gr
     return result

@@ -40,6 +40,7 @@ class Variable:
     cat: str
     dim: int
     label: str = ""
+    io_dtype: str = ""  # "float16"/"bfloat16": half data held as float32 (lazytensor.half)
     is_scalar: bool = field(init=False, repr=False)  # a Python number (read on every call)
 
     def __post_init__(self):
@@ -65,7 +66,7 @@ class Variable:
         if self.is_scalar:
             return f"{where}{CAT_NAMES[self.cat]}{name} (Python scalar {self.data!r})"
         return (f"{where}{CAT_NAMES[self.cat]}{name} (shape {self.shape}, "
-                f"dtype {array_dtype(self.data)}{_device_text(self.data)})")
+                f"dtype {self.io_dtype or array_dtype(self.data)}{_device_text(self.data)})")
 
 
 def _device_text(x) -> str:

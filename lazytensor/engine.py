@@ -223,7 +223,7 @@ def _plan_key(formula, variables, reduction, axis, opts, backend, grad_mode, ran
                     getattr(v.data, "device", None), getattr(v.data, "requires_grad", False))
                    for v in variables)
         key = (formula, reduction, axis, tuple(opts.items()) if opts else (), backend, vk,
-               _grad_enabled(), grad_mode, ranged)
+               _grad_enabled(), _transforms_active(), grad_mode, ranged)
         hash(key)
         return key
     except (TypeError, AttributeError):
@@ -233,6 +233,19 @@ def _plan_key(formula, variables, reduction, axis, opts, backend, grad_mode, ran
 def _grad_enabled() -> bool:
     torch = sys.modules.get("torch")  # not imported for NumPy users
     return torch is not None and torch.is_grad_enabled()
+
+
+def _transforms_active() -> bool:
+    """Inside a torch.func transform or a ``torch.autograd.forward_ad`` dual level:
+    reductions then go through the autograd Function even when no input requires a
+    gradient, so that the transforms see them (:mod:`lazytensor.transforms`)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    if torch._C._are_functorch_transforms_active():
+        return True
+    forward_ad = sys.modules.get("torch.autograd.forward_ad")
+    return forward_ad is not None and forward_ad._current_level >= 0
 
 
 def prepare(formula: ir.Node, variables: list, reduction: str, axis: int, opts: dict,
@@ -267,7 +280,11 @@ def prepare(formula: ir.Node, variables: list, reduction: str, axis: int, opts: 
                          device, sig.batch, N, M, index)
     plan = Plan(call, red, opts)
     requires = tuple(bool(getattr(v.data, "requires_grad", False)) for v in variables)
-    if sig.library == "torch" and _grad_enabled() and any(requires):
+    if sig.library == "torch" and _transforms_active():
+        # torch.func transforms and forward-mode AD see reductions through the autograd
+        # Function's vmap and jvp rules; the fused dual-number form has none.
+        _prepare_gradients(plan, requires, "symbolic")
+    elif sig.library == "torch" and _grad_enabled() and any(requires):
         _prepare_gradients(plan, requires, grad_mode)
     return plan
 
@@ -292,7 +309,7 @@ def _prepare_gradients(plan: Plan, requires: tuple, grad_mode: str) -> None:
                                           call.opts)
     else:
         plan.route = "grad"
-        if red.gradient == "sum":
+        if red.gradient == "sum" and any(requires):
             _prepare_vjp(call, requires)
 
 

@@ -19,8 +19,8 @@ import numbers
 
 import numpy as np
 
-from . import engine
-from .binding import Variable, array_dtype, is_torch
+from . import engine, half
+from .binding import Variable, is_torch
 from .codegen import ops, parse
 from .errors import ArgumentTypeError
 from .options import check_axis, gpu_options, keops_reduction, reduction_options
@@ -73,6 +73,7 @@ class Genred:
         """Run the reduction on one array per variable (index order)."""
         backend = str(gpu_options(backend, device_id)[0]).lower()
         variables = bind_arguments(self.variables, args)
+        io_dtype = half.output_dtype(variables)
         if ranges is not None:  # block-sparse (see lazytensor.ranges)
             from . import ranges as ranges_mod
 
@@ -81,6 +82,8 @@ class Genred:
         else:
             result = engine.reduce(self.formula, variables, self.reduction, self.axis, self.opts,
                                    str(backend).lower())
+        if io_dtype:
+            result = half.cast_outputs(result, io_dtype)
         if out is not None:
             if is_torch(out):
                 out.copy_(result)
@@ -123,10 +126,9 @@ def _bind_one(decl, x, k):
         x = np.asarray(x, dtype=np.float64)
     if not (is_torch(x) or isinstance(x, np.ndarray)):
         raise ArgumentTypeError(f"{what}: expected a NumPy array or a torch tensor, got {type(x).__name__}")
-    if array_dtype(x) in ("float16", "bfloat16"):
-        raise ArgumentTypeError(f"{what}: got {array_dtype(x)} data of shape {tuple(x.shape)}; expected "
-                        "float32 or float64 (pykeops supports half precision on GPUs only): "
-                        "convert with .float() / .astype(np.float32)")
+    io_dtype = half.half_dtype(x)
+    if io_dtype:
+        x = half.to_compute(x)
     if decl.cat == "p":
         if x.ndim == 0:
             x = x.reshape(1)
@@ -139,7 +141,7 @@ def _bind_one(decl, x, k):
             raise ValueError(f"{what}: got shape {tuple(x.shape)}, expected {expected}")
     if x.shape[-1] != decl.dim:
         raise ValueError(f"{what}: got shape {tuple(x.shape)}, expected {expected}")
-    return Variable(x, decl.cat, decl.dim, decl.name or "")
+    return Variable(x, decl.cat, decl.dim, decl.name or "", io_dtype)
 
 
 # ------------------------------------------------------------------ pykeops generic_* helpers

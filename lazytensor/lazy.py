@@ -16,11 +16,12 @@ import numbers
 
 import numpy as np
 
-from . import engine, materialize
+from . import complex_methods, engine, half, materialize
 from . import solve as linear_solve
 from .binding import Variable, array_dtype, bind, is_torch
 from .cluster import swap_axes
 from .codegen import compositions, ir, ops
+from .complex_methods import ComplexMethods, RealToComplexMethods, is_complex_operand
 from .distributed import context as distributed_context
 from .errors import ArgumentTypeError
 from .keops_methods import KeOpsMethods
@@ -87,16 +88,22 @@ def _as_array(x):
     raise ArgumentTypeError(f"LazyTensor cannot wrap an object of type {type(x).__name__}")
 
 
-class LazyTensor(KeOpsMethods):
+class LazyTensor(KeOpsMethods, RealToComplexMethods):
     """A symbolic array of shape ``(*batch, N, M, D)`` defined by a formula.
 
     Build leaves from arrays (``LazyTensor(x[:, None, :])``, ``Vi(x)``, ``Vj(y)``, ``Pm(p)``),
     combine them with arithmetic and math methods, and reduce with ``.sum(dim)``,
     ``.min(dim)``, ``.argKmin(K, dim)``, ``.logsumexp(dim)``, ``@`` ...
+    Complex data makes a :class:`ComplexLazyTensor`.
     """
 
     __array_priority__ = 1000  # numpy_array * LazyTensor -> LazyTensor.__rmul__
     ranges = None  # block-sparsity (see lazytensor.ranges), kept through operations
+
+    def __new__(cls, x=None, *args, **kwargs):
+        if cls is LazyTensor and x is not None and is_complex_operand(x):
+            cls = ComplexLazyTensor
+        return object.__new__(cls)
 
     def __init__(self, x=None, axis=None, *, _formula=None, _variables=None, label=""):
         if _formula is not None:
@@ -121,9 +128,11 @@ class LazyTensor(KeOpsMethods):
         if data.is_complex() if is_torch(data) else np.iscomplexobj(data):
             raise ArgumentTypeError(f"LazyTensor got complex data (shape {tuple(x.shape)}, dtype "
                             f"{array_dtype(data)}); expected float32 or float64")
-        _check_not_half(x if hasattr(x, "shape") else data, "LazyTensor got")
+        io_dtype = half.half_dtype(data)
+        if io_dtype:  # computed in float32, returned in this dtype (lazytensor.half)
+            data = half.to_compute(data)
         self.formula = ir.var(0, dim, cat)
-        self.variables = [Variable(data, cat, dim, label)]
+        self.variables = [Variable(data, cat, dim, label, io_dtype)]
 
     # ------------------------------------------------------------------ structure
 
@@ -173,7 +182,7 @@ class LazyTensor(KeOpsMethods):
     def dtype(self):
         for v in self.variables:
             if not v.is_scalar:
-                return v.data.dtype
+                return half.dtype_object(v.data, v.io_dtype) if v.io_dtype else v.data.dtype
         return None
 
     def __repr__(self) -> str:
@@ -236,6 +245,10 @@ class LazyTensor(KeOpsMethods):
     def _op(self, name, *others, params=()):
         """``name(self, *others)`` for a registered op (numbers and arrays become
         parameters, as in pykeops)."""
+        if others and any(is_complex_operand(o) for o in others):
+            if name in ("add", "sub", "mul", "div") and len(others) == 1:
+                return complex_methods.binary_op(name, self, others[0])
+            raise NotImplementedError(f"{name} of a real and a complex LazyTensor is not defined")
         return self._build(lambda *nodes: ops.apply(name, *nodes, params=params), *others)
 
     def _build(self, builder, *others):
@@ -243,6 +256,9 @@ class LazyTensor(KeOpsMethods):
         nodes, such as the compositions of :mod:`lazytensor.codegen.compositions`), with
         the operands' variables merged."""
         operands = [o if isinstance(o, LazyTensor) else self._operand(o) for o in others]
+        if not self.is_complex and any(o.is_complex for o in operands):
+            raise NotImplementedError("this operation is not defined between real and complex "
+                                      "LazyTensors (+ - * / are; take .real, .imag or abs())")
         variables, nodes = list(self.variables), [self.formula]
         acc = LazyTensor._new(self.formula, variables)
         for o in operands:
@@ -613,6 +629,7 @@ class LazyTensor(KeOpsMethods):
         axis_ = self._axis(dim, axis, reduction)
         opts = dict(opts or {})
         ranges = self.ranges if ranges is None else ranges
+        io_dtype = half.output_dtype(self.variables)
         sharding = distributed_context.active(group)
         if sharding is not None:  # over the ranks of a process group (lazytensor.distributed)
             if ranges is not None:
@@ -642,6 +659,8 @@ class LazyTensor(KeOpsMethods):
             return run
         result = run_reduction(self.formula, self.variables, reduction, axis_, opts, backend,
                                grad_mode)
+        if io_dtype:
+            result = half.cast_outputs(result, io_dtype)
         if out is not None:
             _copy_into(out, result)
             return out
@@ -860,15 +879,6 @@ class LazyTensor(KeOpsMethods):
         return self.T @ _cast_like(v, self.dtype)
 
 
-def _check_not_half(data, what: str):
-    """A clear error for float16/bfloat16 data (the binding's message is about integers)."""
-    dt = array_dtype(data)
-    if dt in ("float16", "bfloat16"):
-        raise ArgumentTypeError(f"{what} {dt} data (shape {tuple(data.shape)}); expected float32 or "
-                        "float64 (pykeops supports half precision on GPUs only): convert with "
-                        ".float() / .astype(np.float32)")
-
-
 def _cast_like(v, dtype):
     if is_torch(v) or dtype is None or not isinstance(dtype, np.dtype):
         return v
@@ -935,3 +945,19 @@ def Pm(x, label: str = "") -> LazyTensor:
     if x.ndim == 0:
         x = x.reshape(1)
     return LazyTensor(x, axis=2, label=label)
+
+
+class ComplexLazyTensor(ComplexMethods, LazyTensor):
+    """A complex-valued LazyTensor, as pykeops's (see :mod:`lazytensor.complex_methods`):
+    ``LazyTensor`` of complex data, complex numbers and operations that give complex
+    values make one.
+
+    >>> z = LazyTensor(np.exp(1j * np.random.rand(1, 5, 1)))
+    >>> bool(np.abs((abs(z) - 1).sum(dim=1)).max() < 1e-12)
+    True
+    """
+
+    _real_type = LazyTensor
+
+
+LazyTensor._complex_type = ComplexLazyTensor

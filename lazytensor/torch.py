@@ -12,10 +12,10 @@ import sys
 from . import cluster
 from .custom import elementwise
 from .genred import Genred, generic_argkmin, generic_argmin, generic_logsumexp, generic_sum
-from .lazy import LazyTensor, Pm, Vi, Vj
+from .lazy import ComplexLazyTensor, LazyTensor, Pm, Vi, Vj
 from .solve import KernelSolve
 
-__all__ = ["Genred", "KernelSolve", "LazyTensor", "Pm", "Vi", "Vj", "elementwise",
+__all__ = ["ComplexLazyTensor", "Genred", "KernelSolve", "LazyTensor", "Pm", "Vi", "Vj", "elementwise",
            "generic_argkmin", "generic_argmin", "generic_logsumexp", "generic_sum"]
 
 # ``from lazytensor.torch.cluster import grid_cluster``, as ``from pykeops.torch.cluster import ...``

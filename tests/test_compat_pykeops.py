@@ -57,11 +57,17 @@ def test_pykeops_names_are_lazytensor_objects(installed):
     assert pykeops.config.gpu_available == torch.cuda.is_available()
 
 
-def test_complex_lazytensor_imports_and_refuses_clearly(installed):
+def test_complex_lazytensor_is_lazytensors(installed, rng):
     from pykeops.numpy import ComplexLazyTensor
+    from pykeops.torch import ComplexLazyTensor as TorchComplexLazyTensor
 
-    with pytest.raises(NotImplementedError, match="complex data is not supported"):
-        ComplexLazyTensor(np.ones((3, 1, 1), dtype=complex))
+    import lazytensor
+
+    assert ComplexLazyTensor is TorchComplexLazyTensor is lazytensor.ComplexLazyTensor
+    z = rng.standard_normal((3, 1, 2)) + 1j * rng.standard_normal((3, 1, 2))
+    w = rng.standard_normal((1, 4, 2)) + 1j * rng.standard_normal((1, 4, 2))
+    got = (ComplexLazyTensor(z) * ComplexLazyTensor(w)).sum(-1).sum(dim=1)
+    np.testing.assert_allclose(got, (z * w).sum(-1).sum(1)[:, None], rtol=1e-12)
 
 
 def test_keopscore_flags_that_clients_set(installed):

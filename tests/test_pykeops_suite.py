@@ -24,15 +24,8 @@ import pytest
 from pykeops_alias_plugin import distribution_dir
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-_TORCH_FUNC = "torch.func transforms of reductions: no setup_context / vmap rule yet"
 # shipped file -> (tests that fail, why); a file-level entry covers its collection too
-KNOWN_FAILURES = {
-    "test_torch_func.py": ("all", _TORCH_FUNC),
-    "test_torch_func_logsumexp.py": ("all", _TORCH_FUNC),
-    "test_vmap.py": ("all", "torch.vmap of reductions: no batching rule yet"),
-    "test_complex.py": ("all", "ComplexLazyTensor and complex data are not supported yet"),
-    "test_complex_numpy.py": ("all", "ComplexLazyTensor and complex data are not supported yet"),
-}
+KNOWN_FAILURES: dict = {}
 
 ROOT = distribution_dir()
 SHIPPED = sorted(f for f in os.listdir(os.path.join(ROOT, "test"))

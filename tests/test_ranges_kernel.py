@@ -253,3 +253,27 @@ def test_rows_without_pairs_have_finite_gradients(rng, grad_mode):
     for a, w in zip(got, want):
         assert torch.isfinite(a).all()
         torch.testing.assert_close(a, w)
+
+
+def test_torch_func_vmap_and_jvp_follow_the_ranges(rng):
+    """vmap: the same ranges in every vmapped element; jvp: the directional derivative
+    sums over the kept pairs only (against dense masked torch)."""
+    torch = pytest.importorskip("torch")
+    N, M = 70, 60
+    ranges, mask = _clustered_pattern(rng, N, M)
+    xs = torch.from_numpy(rng.standard_normal((4, N, 2)))
+    y = torch.from_numpy(rng.standard_normal((M, 2)))
+    m = torch.from_numpy(mask)
+
+    def ranged(x):
+        return (-Vi(x).sqdist(Vj(y))).exp().sum(dim=1, ranges=ranges)
+
+    def dense(x):
+        return (torch.exp(-((x[:, None] - y[None]) ** 2).sum(-1)) * m).sum(1, keepdim=True)
+
+    got = torch.func.vmap(ranged)(xs)
+    torch.testing.assert_close(got, torch.stack([dense(x) for x in xs]))
+    t = torch.from_numpy(rng.standard_normal((N, 2)))
+    _, jv = torch.func.jvp(ranged, (xs[0],), (t,))
+    _, want = torch.func.jvp(dense, (xs[0],), (t,))
+    torch.testing.assert_close(jv, want)

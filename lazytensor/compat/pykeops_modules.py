@@ -23,7 +23,7 @@ import numpy as np
 API_VERSION = "2.3"  # the pykeops release whose API the alias follows
 ROOTS = ("pykeops", "keopscore")
 
-_TORCH_NAMES = ("Genred", "KernelSolve", "LazyTensor", "Pm", "Vi", "Vj", "generic_argkmin",
+_TORCH_NAMES = ("ComplexLazyTensor", "Genred", "KernelSolve", "LazyTensor", "Pm", "Vi", "Vj", "generic_argkmin",
                 "generic_argmin", "generic_logsumexp", "generic_sum")
 
 
@@ -151,20 +151,11 @@ def _config(name: str) -> ModuleType:
 # ---------------------------------------------------------------------------- torch / numpy
 
 
-class ComplexLazyTensor:
-    """pykeops's complex LazyTensor: importable (code that imports it without using it
-    runs), not yet supported (constructing one raises)."""
-
-    def __init__(self, *args, **kwargs):
-        raise NotImplementedError("ComplexLazyTensor: complex data is not supported by "
-                                  "lazytensor yet; split it into real and imaginary parts")
-
-
 def _frontend(library: str) -> Callable[[str], ModuleType]:
     def build(name: str) -> ModuleType:
         front = importlib.import_module(f"lazytensor.{library}")
         module = _module(name, f"pykeops.{library} on lazytensor ({front.__name__}).",
-                         __all__=list(_TORCH_NAMES), ComplexLazyTensor=ComplexLazyTensor,
+                         __all__=list(_TORCH_NAMES),
                          **{n: getattr(front, n) for n in _TORCH_NAMES})
         _lazy_submodules(module, ("cluster", "operations", "generic", "lazytensor"))
         return module
