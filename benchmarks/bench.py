@@ -1,6 +1,6 @@
 """Benchmarks: this engine against dense torch, pykeops (when importable) and a roofline.
 
-``python -m benchmarks.bench [--suite core|grad|cpu|all] [--quick] [--write BENCHMARKS.md]``
+``python -m benchmarks.bench [--suite core|grad|cpu|dual|gpytorch|all] [--quick] [--write BENCHMARKS.md]``
 (``--help`` lists what each suite measures).
 
 Method. Every table row runs its contenders in turns, one call each per round, the
@@ -724,8 +724,10 @@ SUITES = {
     "ranges": "block-sparse ranges at the README's setting; geomloss Sinkhorn (online, "
               "multiscale) against pykeops and geomloss's tensorized backend "
               "(benchmarks.bench_ranges)",
-    "all": "every table of core, grad and cpu (ranges runs alone: its pykeops and geomloss "
-           "calls take minutes)",
+    "dual": "fused (dual) against symbolic gradients, Gaussian and a branchy gate, D = 3",
+    "gpytorch": "K @ V with 1 to 64 columns (GPyTorch's CG), float32 and float64, vs dense torch",
+    "all": "every table of core, grad, cpu, dual and gpytorch (ranges runs alone: its pykeops "
+           "and geomloss calls take minutes)",
 }
 
 
@@ -759,6 +761,14 @@ def _plan(args) -> list:
         bench_ranges.configure(args)
         plan.append(("block-sparse ranges", lambda: bench_ranges.ranges_table(args)))
         plan.append(("geomloss Sinkhorn", lambda: bench_ranges.client_table(args)))
+    if suite in ("dual", "all"):
+        from .bench_dual import dual_table
+
+        plan.append(("fused gradients", lambda: dual_table(args, 4000 if quick else 20000)))
+    if suite in ("gpytorch", "all"):
+        from .gpytorch_shapes import gpytorch_table
+
+        plan.append(("GPyTorch-shaped products", lambda: gpytorch_table(args)))
     return plan
 
 
@@ -768,8 +778,8 @@ def _elapsed(seconds: float) -> str:
 
 
 def main(argv=None) -> int:
-    suites = "\n".join(textwrap.fill(text, 88, initial_indent=f"  {name:6s} ",
-                                      subsequent_indent=" " * 9) for name, text in SUITES.items())
+    suites = "\n".join(textwrap.fill(text, 88, initial_indent=f"  {name:9s}",
+                                      subsequent_indent=" " * 11) for name, text in SUITES.items())
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.bench", description=__doc__.splitlines()[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -162,13 +162,15 @@ def define(
     doc: str = "",
     keops: tuple = (),
     method: Optional[str] = None,
+    example: str = "",
 ) -> OpDef:
     """Register an elementwise op.
 
     ``sym(a0, ..., *params)`` returns its sympy expression; ``c(dtype, a0, ..., *params)``
     optionally overrides its C text; ``ref(xp, arrays, params)`` its reference;
     ``derivs(a0, ..., *params)`` its partial derivatives as IR (default: sympy's);
-    ``keops`` its names in formula strings, ``method`` its ``LazyTensor`` method.
+    ``keops`` its names in formula strings, ``method`` its ``LazyTensor`` method, ``doc``
+    and ``example`` that method's docstring (see :class:`~lazytensor.codegen.ops.OpDef`).
     """
     if not differentiable:
         derivs = lambda *a: [None] * arity  # noqa: E731
@@ -186,7 +188,7 @@ def define(
         ref=ref if ref is not None else _lambdified_ref(name, arity),
         vjp=_vjp_from_partials, jvp=_jvp_from_partials, sympy_func=sympy_func,
         differentiable=differentiable, doc=doc, keops=tuple(keops), method=method,
-        elementwise=True, sym=sym, c=c, partials=derivs,
+        elementwise=True, sym=sym, c=c, partials=derivs, example=example,
     ))
     ELEMENTWISE[name] = opdef
     return opdef
@@ -226,24 +228,44 @@ def _nan_guard(expr: str, *args: str) -> str:
     return f"(({test}) ? ({' + '.join(args)}) : {expr})"
 
 
+def _example(method: str, values: tuple, result: str) -> str:
+    """The doctest of a one-operand method: ``Vi(x).method()`` at two points, dense."""
+    rows = ", ".join(f"[{v!r}]" for v in values)
+    return (f">>> x = Vi(np.array([{rows}]))\n"
+            f">>> x.{method}().dense().round(4).tolist()\n{result}")
+
+
+def _example2(expr: str, result: str) -> str:
+    """The doctest of a two-operand method: ``expr`` of x = (1, 2) (i) and y = (0, 1, 2)
+    (j), dense: the (2, 3) table of all pairs."""
+    return (">>> x, y = Vi(np.array([[1.0], [2.0]])), Vj(np.array([[0.0], [1.0], [2.0]]))\n"
+            f">>> ({expr}).dense().round(4).tolist()\n{result}")
+
+
 # ------------------------------------------------------------------ arithmetic
 
 define("add", 2, sym=lambda a, b: a + b, c=lambda dt, a, b: f"({a} + {b})",
        ref=lambda xp, t, p: t[0] + t[1], derivs=lambda a, b: [_c(1), _c(1)],
-       keops=("Add",), method="__add__")
+       keops=("Add",), method="__add__", doc="``self + other``",
+       example=_example2("x + y", "[[1.0, 2.0, 3.0], [2.0, 3.0, 4.0]]"))
 define("sub", 2, sym=lambda a, b: a - b, c=lambda dt, a, b: f"({a} - {b})",
        ref=lambda xp, t, p: t[0] - t[1], derivs=lambda a, b: [_c(1), _c(-1)],
-       keops=("Subtract",), method="__sub__")
+       keops=("Subtract",), method="__sub__", doc="``self - other``",
+       example=_example2("x - y", "[[1.0, 0.0, -1.0], [2.0, 1.0, 0.0]]"))
 define("mul", 2, sym=lambda a, b: a * b, c=lambda dt, a, b: f"({a} * {b})",
        ref=lambda xp, t, p: t[0] * t[1], derivs=lambda a, b: [b, a],
-       keops=("Mult",), method="__mul__")
+       keops=("Mult",), method="__mul__", doc="``self * other``",
+       example=_example2("x * y", "[[0.0, 1.0, 2.0], [0.0, 2.0, 4.0]]"))
 define("div", 2, sym=lambda a, b: a / b, c=lambda dt, a, b: f"({a} / {b})",
        ref=lambda xp, t, p: t[0] / t[1],
        derivs=lambda a, b: [apply("pow", b, params=(-1.0,)),
                             apply("neg", apply("div", a, apply("mul", b, b)))],
-       keops=("Divide",), method="__truediv__")
+       keops=("Divide",), method="__truediv__", doc="``self / other``",
+       example=_example2("y / x", "[[0.0, 1.0, 2.0], [0.0, 0.5, 1.0]]"))
 define("neg", 1, sym=lambda a: -a, c=lambda dt, a: f"(-{a})",
-       ref=lambda xp, t, p: -t[0], derivs=lambda a: [_c(-1)], keops=("Minus",), method="__neg__")
+       ref=lambda xp, t, p: -t[0], derivs=lambda a: [_c(-1)], keops=("Minus",), method="__neg__",
+       doc="``-self``", example=(">>> x = Vi(np.array([[-1.0], [2.0]]))\n"
+                                 ">>> (-x).dense().round(4).tolist()\n[[1.0], [-2.0]]"))
 
 
 def _pow_c(dtype, a, p):
@@ -280,21 +302,27 @@ define("pow", 1, sym=lambda a, p: a ** p, c=_pow_c, ref=_pow_ref,
 define("ifelse", 3, c=lambda dt, c, a, b: f"({c} >= 0 ? {a} : {b})",
        ref=lambda xp, t, p: xp.where(t[0] >= 0, t[1], t[2]),
        derivs=lambda c, a, b: [None, _step(c), apply("sub", _c(1), _step(c))],
-       doc="a where c >= 0, else b (as pykeops)", keops=("IfElse",), method="ifelse")
+       doc="a where c >= 0, else b (as pykeops)", keops=("IfElse",), method="ifelse",
+       example=_example2("(x - y).ifelse(x, -y)", "[[1.0, 1.0, -2.0], [2.0, 2.0, 2.0]]"))
 # step and relu return literal zeros: `a * 0` would turn -inf into NaN (relu(-inf) = 0).
 define("step", 1, sym=lambda a: _sp("Heaviside")(a),
        c=lambda dt, a: f"({a} < 0 ? (T)0 : ({a} == {a} ? (T)1 : {a}))",
        ref=lambda xp, t, p: xp.where(t[0] != t[0], t[0], xp.as_float(t[0] >= 0, t[0])),
        differentiable=False, doc="1 where a >= 0, 0 where a < 0, NaN for NaN (step(0) = 1)",
-       keops=("Step",), method="step")
+       keops=("Step",), method="step", example=_example("step", (-1.0, 0.0), "[[0.0], [1.0]]"))
 define("sign", 1, sym=lambda a: _sp("sign")(a), sympy_func="sign",
-       ref=_np("sign"), differentiable=False, keops=("Sign",), method="sign")
+       ref=_np("sign"), differentiable=False, keops=("Sign",), method="sign",
+       doc="the sign of a: -1, 0 or 1 (NaN for NaN)",
+       example=_example("sign", (-2.0, 0.0), "[[-1.0], [0.0]]"))
 define("relu", 1, c=lambda dt, a: f"({a} < 0 ? (T)0 : {a})",
        ref=lambda xp, t, p: xp.where(t[0] < 0, xp.zeros_like(t[0]), t[0]),
        derivs=lambda a: [apply("sub", _c(1), _step(apply("neg", a)))], keops=("ReLU",),
-       method="relu")
+       method="relu", doc="max(a, 0) (relu(-inf) = 0)",
+       example=_example("relu", (-1.0, 2.0), "[[0.0], [2.0]]"))
 define("abs", 1, c=_fn("fabs"), ref=_np("abs"), sympy_func="Abs",
-       derivs=lambda a: [apply("sign", a)], keops=("Abs",), method="abs")
+       derivs=lambda a: [apply("sign", a)], keops=("Abs",), method="abs",
+       doc="absolute value ``|a|``",
+       example=_example("abs", (-1.0, 2.0), "[[1.0], [2.0]]"))
 define("min2", 2, c=lambda dt, a, b: _nan_guard(f"({a} <= {b} ? {a} : {b})", a, b),
        ref=_np("minimum"),
        derivs=lambda a, b: [_step(apply("sub", b, a)), apply("sub", _c(1), _step(apply("sub", b, a)))])
@@ -307,94 +335,158 @@ define("clamp", 3, c=lambda dt, x, a, b: f"({x} < {a} ? {a} : ({x} > {b} ? {b} :
            apply("mul", _step(apply("sub", x, a)), _step(apply("sub", b, x))),
            apply("sub", _c(1), _step(apply("sub", x, a))),
            apply("mul", _step(apply("sub", x, a)), apply("sub", _c(1), _step(apply("sub", b, x)))),
-       ], doc="x clamped to [a, b]", keops=("Clamp",), method="clamp")
+       ], doc="x clamped to [a, b]", keops=("Clamp",), method="clamp",
+       example=_example2("y.clamp(x - 1, x)", "[[0.0, 1.0, 1.0], [1.0, 1.0, 2.0]]"))
 
-_COMPARISONS = {"eq": ("==", operator.eq), "ne": ("!=", operator.ne), "lt": ("<", operator.lt),
-                "gt": (">", operator.gt), "le": ("<=", operator.le), "ge": (">=", operator.ge)}
-for _name, (_op, _pyop) in _COMPARISONS.items():
+# name: C operator, Python operator, the doctest's table for x = (1, 2) against y = (0, 1, 2)
+_COMPARISONS = {
+    "eq": ("==", operator.eq, "[[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]"),
+    "ne": ("!=", operator.ne, "[[1.0, 0.0, 1.0], [1.0, 1.0, 0.0]]"),
+    "lt": ("<", operator.lt, "[[0.0, 0.0, 1.0], [0.0, 0.0, 0.0]]"),
+    "gt": (">", operator.gt, "[[1.0, 0.0, 0.0], [1.0, 1.0, 0.0]]"),
+    "le": ("<=", operator.le, "[[0.0, 1.0, 1.0], [0.0, 0.0, 1.0]]"),
+    "ge": (">=", operator.ge, "[[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]"),
+}
+for _name, (_op, _pyop, _table) in _COMPARISONS.items():
     define(_name, 2, c=lambda dt, a, b, _op=_op: f"(({a} {_op} {b}) ? (T)1 : (T)0)",
            ref=lambda xp, t, p, _pyop=_pyop: xp.as_float(_pyop(t[0], t[1]), t[0]),
-           differentiable=False, doc=f"1.0 where a {_op} b, else 0.0", method=f"__{_name}__")
+           differentiable=False, doc=f"1.0 where ``self {_op} other``, else 0.0",
+           method=f"__{_name}__", example=_example2(f"x {_op} y", _table))
 
 define("floor", 1, c=_fn("floor"), ref=_np("floor"), sympy_func="floor", differentiable=False,
-       keops=("Floor",), method="floor")
+       keops=("Floor",), method="floor", doc="the largest integer <= a",
+       example=_example("floor", (-1.5, 1.5), "[[-2.0], [1.0]]"))
 define("ceil", 1, c=_fn("ceil"), ref=_np("ceil"), sympy_func="ceiling", differentiable=False,
-       keops=("Ceil",), method="ceil")
+       keops=("Ceil",), method="ceil", doc="the smallest integer >= a",
+       example=_example("ceil", (-1.5, 1.5), "[[-1.0], [2.0]]"))
 define("round", 1, c=_fn("round"), differentiable=False,
        ref=lambda xp, t, p: xp.sign(t[0]) * xp.floor(xp.abs(t[0]) + 0.5),
-       doc="round half away from zero, as C round()", method="round")
+       doc="round half away from zero, as C round()", method="round",
+       example=_example("round", (-1.5, 0.5), "[[-2.0], [1.0]]"))
 
 # ------------------------------------------------------------------ transcendental functions
 
-# name (also the sympy function, the C function and the LazyTensor method), NumPy name
-for _name, _np_name in (
-    ("exp", "exp"), ("log", "log"), ("sin", "sin"), ("cos", "cos"),
-    ("tan", "tan"), ("sinh", "sinh"), ("cosh", "cosh"), ("asin", "arcsin"), ("acos", "arccos"),
-    ("atan", "arctan"), ("asinh", "arcsinh"), ("acosh", "arccosh"), ("atanh", "arctanh"),
-    ("erf", "erf"), ("erfc", "erfc"),
+# name (also the sympy function, the C function and the LazyTensor method), NumPy name,
+# what it is, and its doctest: two inputs, the outputs rounded
+for _name, _np_name, _what, _inputs, _outputs in (
+    ("exp", "exp", "exponential", (0.0, 1.0), "[[1.0], [2.7183]]"),
+    ("log", "log", "natural logarithm", (1.0, 2.0), "[[0.0], [0.6931]]"),
+    ("sin", "sin", "sine", (0.0, 1.0), "[[0.0], [0.8415]]"),
+    ("cos", "cos", "cosine", (0.0, 1.0), "[[1.0], [0.5403]]"),
+    ("tan", "tan", "tangent", (0.0, 1.0), "[[0.0], [1.5574]]"),
+    ("sinh", "sinh", "hyperbolic sine", (0.0, 1.0), "[[0.0], [1.1752]]"),
+    ("cosh", "cosh", "hyperbolic cosine", (0.0, 1.0), "[[1.0], [1.5431]]"),
+    ("asin", "arcsin", "inverse sine", (0.0, 0.5), "[[0.0], [0.5236]]"),
+    ("acos", "arccos", "inverse cosine", (1.0, 0.5), "[[0.0], [1.0472]]"),
+    ("atan", "arctan", "inverse tangent", (0.0, 1.0), "[[0.0], [0.7854]]"),
+    ("asinh", "arcsinh", "inverse hyperbolic sine", (0.0, 1.0), "[[0.0], [0.8814]]"),
+    ("acosh", "arccosh", "inverse hyperbolic cosine", (1.0, 2.0), "[[0.0], [1.317]]"),
+    ("atanh", "arctanh", "inverse hyperbolic tangent", (0.0, 0.5), "[[0.0], [0.5493]]"),
+    ("erf", "erf", "error function", (0.0, 1.0), "[[0.0], [0.8427]]"),
+    ("erfc", "erfc", "complementary error function 1 - erf(a)", (0.0, 1.0), "[[1.0], [0.1573]]"),
 ):  # fmt: skip
     define(_name, 1, sym=_sp(_name), c=_fn(_name), ref=_np(_np_name), sympy_func=_name,
-           keops=(_name.capitalize(),), method=_name)
+           keops=(_name.capitalize(),), method=_name, doc=f"{_what} {_name}(a)",
+           example=_example(_name, _inputs, _outputs))
 
 define("atan2", 2, sym=_sp("atan2"), c=_fn("atan2"), ref=_np("arctan2"), sympy_func="atan2",
-       keops=("Atan2",), method="atan2")
+       keops=("Atan2",), method="atan2",
+       doc="atan2(self, other), the angle of the point (other, self)",
+       example=_example2("y.atan2(x)", "[[0.0, 0.7854, 1.1071], [0.0, 0.4636, 0.7854]]"))
 define("tanh", 1, sym=_sp("tanh"), c=_fn("tanh"), ref=_np("tanh"), sympy_func="tanh",
        derivs=lambda a: [apply("sub", _c(1), apply("square", apply("tanh", a)))],
-       keops=("Tanh",), method="tanh")
+       keops=("Tanh",), method="tanh", doc="hyperbolic tangent tanh(a)",
+       example=_example("tanh", (0.0, 1.0), "[[0.0], [0.7616]]"))
 define("log1p", 1, sym=lambda a: _sp("log")(1 + a), c=_fn("log1p"), ref=_np("log1p"),
        derivs=lambda a: [apply("pow", apply("add", _c(1), a), params=(-1.0,))],
-       keops=("Log1p",), method="log1p")
+       keops=("Log1p",), method="log1p", doc="log(1 + a), accurate for small a",
+       example=_example("log1p", (0.0, 1.0), "[[0.0], [0.6931]]"))
 define("expm1", 1, sym=lambda a: _sp("exp")(a) - 1, c=_fn("expm1"), ref=_np("expm1"),
-       derivs=lambda a: [apply("exp", a)], keops=("Expm1",), method="expm1")
+       derivs=lambda a: [apply("exp", a)], keops=("Expm1",), method="expm1",
+       doc="exp(a) - 1, accurate for small a",
+       example=_example("expm1", (0.0, 1.0), "[[0.0], [1.7183]]"))
 define("square", 1, sym=lambda a: a * a, c=lambda dt, a: f"({a} * {a})",
        ref=lambda xp, t, p: t[0] * t[0], derivs=lambda a: [apply("mul", _c(2), a)],
-       keops=("Square",), method="square")
+       keops=("Square",), method="square", doc="a * a",
+       example=_example("square", (-2.0, 3.0), "[[4.0], [9.0]]"))
 define("inv", 1, sym=lambda a: 1 / a, c=lambda dt, a: f"((T)1 / {a})",
        ref=lambda xp, t, p: 1 / t[0], derivs=lambda a: [apply("neg", apply("pow", a, params=(-2.0,)))],
-       keops=("Inv",), method="inv")
+       keops=("Inv",), method="inv", doc="1 / a",
+       example=_example("inv", (2.0, 4.0), "[[0.5], [0.25]]"))
 # As KeOps: rsqrt(0) = 0, and sqrt'(a) = rsqrt(a) / 2, so that the gradient of a distance
 # sqrt(|x - y|²) at x = y is 0 (|x - y|'s subgradient), not inf * 0 = NaN.
 define("sqrt", 1, sym=_sp("sqrt"), c=_fn("sqrt"), ref=_np("sqrt"), sympy_func="sqrt",
        derivs=lambda a: [apply("mul", _c(0.5), apply("rsqrt", a))], keops=("Sqrt",),
-       method="sqrt")
+       method="sqrt", doc="square root sqrt(a) (its derivative at 0 is 0, as KeOps)",
+       example=_example("sqrt", (0.0, 4.0), "[[0.0], [2.0]]"))
 define("rsqrt", 1, sym=lambda a: a ** _sp("Rational")(-1, 2),
        c=lambda dt, a: f"({a} == 0 ? (T)0 : (T)1 / {_fn('sqrt')(dt, a)})",
        ref=lambda xp, t, p: xp.where(t[0] == 0, 0 * t[0],
                                      1 / xp.sqrt(xp.where(t[0] == 0, 1 + 0 * t[0], t[0]))),
        derivs=lambda a: [apply("mul", _c(-0.5), apply("pow", apply("rsqrt", a), params=(3.0,)))],
-       keops=("Rsqrt",), method="rsqrt", doc="1 / sqrt(a), 0 at 0 (as KeOps)")
+       keops=("Rsqrt",), method="rsqrt", doc="1 / sqrt(a), 0 at 0 (as KeOps)",
+       example=_example("rsqrt", (0.0, 4.0), "[[0.0], [0.5]]"))
 define("powf", 2, sym=lambda a, b: a ** b, c=_fn("pow"), ref=lambda xp, t, p: t[0] ** t[1],
        derivs=lambda a, b: [apply("mul", b, apply("powf", a, apply("sub", b, _c(1)))),
                             apply("mul", apply("log", a), apply("powf", a, b))],
        keops=("Powf",), method="powf",
-       doc="a ** b for a formula exponent, as C pow: signed for a < 0 and integer-valued b")
+       doc="a ** b for a formula exponent, as C pow: signed for a < 0 and integer-valued b",
+       example=_example2("x.powf(y)", "[[1.0, 1.0, 1.0], [1.0, 2.0, 4.0]]"))
 define("sigmoid", 1, sym=lambda a: 1 / (1 + _sp("exp")(-a)),
        c=lambda dt, a: f"((T)1 / ((T)1 + {_fn('exp')(dt, '-' + a)}))",
        ref=lambda xp, t, p: 1 / (1 + xp.exp(-t[0])),
        derivs=lambda a: [apply("mul", apply("sigmoid", a), apply("sub", _c(1), apply("sigmoid", a)))],
-       keops=("Sigmoid",), method="sigmoid")
+       keops=("Sigmoid",), method="sigmoid", doc="logistic function 1 / (1 + exp(-a))",
+       example=_example("sigmoid", (0.0, 1.0), "[[0.5], [0.7311]]"))
 define("softplus", 1, sym=lambda a: _sp("log")(1 + _sp("exp")(a)),
        c=lambda dt, a: f"({a} > 0 ? {a} + {_fn('log1p')(dt, _fn('exp')(dt, '-' + a))} : "
                        f"{_fn('log1p')(dt, _fn('exp')(dt, a))})",
        ref=lambda xp, t, p: xp.maximum(t[0], xp.zeros_like(t[0])) + xp.log1p(xp.exp(-xp.abs(t[0]))),
        derivs=lambda a: [apply("sigmoid", a)], doc="log(1 + exp(a)), overflow-free",
-       keops=("Softplus",), method="softplus")
+       keops=("Softplus",), method="softplus",
+       example=_example("softplus", (0.0, 1.0), "[[0.6931], [1.3133]]"))
 define("logsigmoid", 1, sym=lambda a: -_sp("log")(1 + _sp("exp")(-a)),
        c=lambda dt, a: f"(-({a} < 0 ? -{a} + {_fn('log1p')(dt, _fn('exp')(dt, a))} : "
                        f"{_fn('log1p')(dt, _fn('exp')(dt, '-' + a))}))",
        ref=lambda xp, t, p: -(xp.maximum(-t[0], xp.zeros_like(t[0])) + xp.log1p(xp.exp(-xp.abs(t[0])))),
        derivs=lambda a: [apply("sigmoid", apply("neg", a))], keops=("LogSigmoid",),
-       method="logsigmoid")
+       method="logsigmoid", doc="log(sigmoid(a)) = -softplus(-a), overflow-free",
+       example=_example("logsigmoid", (0.0, 1.0), "[[-0.6931], [-0.3133]]"))
 define("xlogx", 1, sym=lambda a: a * _sp("log")(a),
        c=lambda dt, a: f"({a} == 0 ? (T)0 : {a} * {_fn('log')(dt, a)})",
        ref=lambda xp, t, p: xp.where(t[0] == 0, 0 * t[0], t[0] * xp.log(xp.where(t[0] == 0, 1 + 0 * t[0], t[0]))),
        derivs=lambda a: [apply("add", apply("log", a), _c(1))], doc="x log x, 0 at 0",
-       keops=("XLogX",), method="xlogx")
+       keops=("XLogX",), method="xlogx", example=_example("xlogx", (0.0, 2.0), "[[0.0], [1.3863]]"))
 define("sinxdivx", 1, sym=lambda a: _sp("sin")(a) / a,
        c=lambda dt, a: f"({a} == 0 ? (T)1 : {_fn('sin')(dt, a)} / {a})",
        ref=lambda xp, t, p: xp.where(t[0] == 0, 1 + 0 * t[0], xp.sin(t[0]) / xp.where(t[0] == 0, 1 + 0 * t[0], t[0])),
        derivs=lambda a: [_sinxdivx_derivative(a)],
-       doc="sin(x)/x, 1 at 0", keops=("SinXDivX",), method="sinxdivx")
+       doc="sin(x)/x, 1 at 0", keops=("SinXDivX",), method="sinxdivx",
+       example=_example("sinxdivx", (0.0, 1.0), "[[1.0], [0.8415]]"))
+
+
+def _softmax_weight_c(dtype, f, lse, limit):
+    fr = f"lt_rounded({f})"
+    inf = f"({fr} == {lse} && {lse} == (T)INFINITY) ? (T)1 : " if limit else ""
+    return f"({inf}{_fn('exp')(dtype, f'{fr} - {lse}')})"
+
+
+def _softmax_weight_ref(xp, t, params):
+    f, lse = t
+    with_limit = xp.where((f == lse) & (lse == float("inf")), 1 + 0 * f, xp.exp(f - lse))
+    return with_limit if params[0] else xp.exp(f - lse)
+
+
+# exp(f - lse), the weight of a term f in the gradients of the log-sum-exp family. f is
+# rounded to the kernel's precision first (lt_rounded): the forward stored it before it
+# took the maximum, and a product contracted with the subtraction (FMA) would differ from
+# it by up to half an ulp of f, which exp amplifies (f = -|x - y|^2 / 1e-2 ~ -1e5 in
+# float32: errors of 1e-3 and more). With ``limit``, a term at +inf where the log-sum-exp
+# is +inf weighs 1 (the limit the forward and dual mode follow) instead of exp(inf - inf).
+define("softmax_weight", 2, c=_softmax_weight_c, ref=_softmax_weight_ref,
+       derivs=lambda f, lse, limit: [apply("softmax_weight", f, lse, params=(limit,)),
+                                     apply("neg", apply("softmax_weight", f, lse, params=(limit,)))],
+       doc="exp(f - lse) of f rounded first (the log-sum-exp family's gradients)")
 
 
 def _sinxdivx_derivative(a):

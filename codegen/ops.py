@@ -36,7 +36,10 @@ class OpDef:
     ``vjp(node, g)`` gives one cotangent (Node or None) per argument, ``jvp(node,
     tangents)`` the tangent of the node (or None). ``keops`` lists the names the op has in
     formula strings when it is called there as ``Name(f, g, ...)`` (formulas only, no
-    static parameters); ``method`` is the ``LazyTensor`` method that builds it.
+    static parameters); ``method`` is the ``LazyTensor`` method that builds it. ``doc``
+    says what the op computes (one line) and ``example`` is a doctest of ``method`` (``>>>``
+    lines and their output; ``np``, ``Vi``, ``Vj`` and ``Pm`` in scope): a method without
+    a docstring of its own takes both as its docstring.
 
     Elementwise scalar functions also keep their definition: ``sym(a0, ..., *params)``
     (sympy expression), ``c(dtype, a0, ..., *params)`` (C text, when the printed sympy
@@ -60,6 +63,7 @@ class OpDef:
     sym: Optional[Callable] = None
     c: Optional[Callable] = None
     partials: Optional[Callable] = None
+    example: str = ""
 
 
 REGISTRY: dict[str, OpDef] = {}

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import ir, ops, reductions
+from . import footprint, ir, ops, reductions
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,19 @@ class VarSpec:
 # calls it, and that hook is compiled (never run) by the other backends too.
 _GENERIC_EXP = """LT_HD LT_INLINE float lt_exp(float x) { return expf(x); }
 LT_HD LT_INLINE double lt_exp(double x) { return exp(x); }
+"""
+
+
+# A value rounded to its type: where the compiler may not contract a product into the
+# addition that follows (FMA), so that the value is the same as where it was stored
+# (nvcc, whose fast math folds x + 0, never merges __fadd_rn into a multiply-add).
+_ROUNDED = """#ifdef __CUDA_ARCH__
+__device__ LT_INLINE float lt_rounded(float x) { return __fadd_rn(x, 0.0f); }
+__device__ LT_INLINE double lt_rounded(double x) { return __dadd_rn(x, 0.0); }
+#else
+LT_INLINE float lt_rounded(float x) { return x + 0.0f; }
+LT_INLINE double lt_rounded(double x) { return x + 0.0; }
+#endif
 """
 
 
@@ -57,18 +70,31 @@ def prelude(dtype: str, acc_dtype: str, backend_defs: str | None = None) -> str:
 #endif
 typedef {t} T;
 typedef {ta} TA;
-{_GENERIC_EXP if backend_defs is None else backend_defs}"""
+{_ROUNDED}{_GENERIC_EXP if backend_defs is None else backend_defs}"""
 
 
 def render_function(name: str, roots: list, var_specs: list, dtype: str,
-                    rename=None, qualifiers: str = "LT_HD LT_INLINE") -> str:
+                    rename=None, qualifiers: str = "LT_HD LT_INLINE",
+                    storage: footprint.Storage | None = None) -> str:
     """``name(v..., out)``: the values of ``roots`` one after the other in ``out``.
 
     One local array per IR node, each commented with the node it comes from; ``rename``
-    (a function of the code text) adapts it to a backend.
+    (a function of the code text) adapts it to a backend. With a ``storage.heap`` (the C
+    expression of a buffer of at least
+    :func:`~lazytensor.codegen.footprint.function_footprint`'s ``heap_elements``
+    values), the largest values beyond the stack budget
+    (:data:`~lazytensor.codegen.footprint.FUNCTION_STACK_BYTES`) live there instead, and
+    large constants in static storage; ``storage.align`` aligns the larger arrays.
     """
     names: dict[int, str] = {}
     body: list[str] = []
+    storage = storage or footprint.Storage()
+    place = (footprint.function_footprint(roots, var_specs, dtype, footprint.FUNCTION_STACK_BYTES)
+             if storage.heap is not None else footprint.Footprint(0))
+    size = footprint.element_size(dtype)
+
+    def aligned(node) -> str:
+        return f"alignas({storage.align}) " if storage.align and node.dim * size >= 32 else ""
     for v in var_specs:
         names[id(ir.var(v.index, v.dim, v.cat))] = f"v{v.index}"
     for n, node in enumerate(ir.topo_order(roots)):
@@ -82,11 +108,16 @@ def render_function(name: str, roots: list, var_specs: list, dtype: str,
         comment = comment if len(comment) < 100 else comment[:97] + "..."
         if node.op == "const":
             vals = ", ".join(ops.c_literal(v, dtype) for v in node.params)
-            body.append(f"  const T {tname}[{node.dim}] = {{{vals}}};  // {comment}")
+            kind = "static const" if node in place.static else "const"
+            body.append(f"  {aligned(node)}{kind} T {tname}[{node.dim}] = {{{vals}}};  // {comment}")
             continue
         opdef = ops.get(node.op)
         code = opdef.emit(node, tname, [names[id(a)] for a in node.args], dtype)
-        body.append(f"  T {tname}[{node.dim}];  // {comment}")
+        if node in place.heap:
+            body.append(f"  T* const __restrict__ {tname} = {storage.heap} + {place.heap[node]};"
+                        f"  // {comment}")
+        else:
+            body.append(f"  {aligned(node)}T {tname}[{node.dim}];  // {comment}")
         body.append(f"  {rename(code) if rename else code}")
     offset = 0
     for root in roots:
@@ -100,24 +131,29 @@ def render_function(name: str, roots: list, var_specs: list, dtype: str,
     )
 
 
-def render_formula(formula: ir.Node, var_specs: list[VarSpec], dtype: str, rename=None) -> str:
-    """``lt_formula``: one pair's formula value, from pointers to each variable's data."""
+def render_formula(formula: ir.Node, var_specs: list[VarSpec], dtype: str, rename=None,
+                   storage: footprint.Storage | None = None) -> str:
+    """``lt_formula``: one pair's formula value, from pointers to each variable's data
+    (``storage``: see :func:`render_function`)."""
     return (f"// formula: {ir.to_text(formula)[:2000]}\n"
-            + render_function("lt_formula", [formula], var_specs, dtype, rename))
+            + render_function("lt_formula", [formula], var_specs, dtype, rename,
+                              storage=storage))
 
 
 def render_shared(formula, var_specs, reduction: str, opts: dict, dtype: str, *,
-                  tj: int = 1, rename=None, backend_defs: str | None = None) -> str:
+                  tj: int = 1, rename=None, backend_defs: str | None = None,
+                  storage: footprint.Storage | None = None) -> str:
     """The part of the source that every backend compiles: prelude, formula, Acc.
 
     ``tj`` is the length of the tiles of terms ``Acc::tile`` reads (the CPU's; 1 where no
-    tiles are handed over), ``rename`` and ``backend_defs`` the backend's adaptations.
+    tiles are handed over), ``rename``, ``backend_defs`` and ``storage`` (see
+    :func:`render_function`) the backend's adaptations.
     """
     red = reductions.get(reduction)
     return (
         prelude(dtype, red.acc_dtype(dtype, opts), backend_defs)
         + f"static const int TJ = {tj};\n"
-        + render_formula(formula, var_specs, dtype, rename)
+        + render_formula(formula, var_specs, dtype, rename, storage)
         + red.acc_code(formula.dim, opts)
         + "\n"
     )

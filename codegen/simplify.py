@@ -102,7 +102,7 @@ def _rewrite(node: ir.Node, args: tuple) -> ir.Node:
     return ir.make(op, args, node.params, node.dim)
 
 
-_SLICE_THROUGH = ("add", "sub", "mul", "div", "neg")  # elementwise: slicing commutes
+SLICE_THROUGH = ("add", "sub", "mul", "div", "neg")  # elementwise: slicing commutes
 
 
 def _slice(x: ir.Node, start: int, length: int, depth: int = 0) -> ir.Node:
@@ -129,7 +129,7 @@ def _slice(x: ir.Node, start: int, length: int, depth: int = 0) -> ir.Node:
                 return ir.const([0.0] * length)
         if op == "expand":
             return _fit(x.args[0], length)
-        if op in _SLICE_THROUGH:
+        if op in SLICE_THROUGH:
             parts = tuple(a if a.dim == 1 else _slice(a, start, length, depth + 1) for a in x.args)
             new = ir.make(op, parts, x.params, length)
             return _rewrite(new, parts)
@@ -141,6 +141,27 @@ def _slice(x: ir.Node, start: int, length: int, depth: int = 0) -> ir.Node:
 def simplify(root: ir.Node) -> ir.Node:
     """Return an equivalent, smaller formula (same dimension)."""
     return ir.rebuild(root, _rewrite)
+
+
+def simplify_step(node: ir.Node, args: tuple) -> ir.Node:
+    """``node`` with its (already simplified) ``args``, folded and simplified at the top
+    only: the step :func:`simplify` applies to every node, for other rewrites to reuse.
+
+    >>> x = ir.var(0, 2, "i")
+    >>> simplify_step(ir.make("add", (x, ir.const([0.0, 0.0])), (), 2), (x, ir.const([0.0, 0.0]))) is x
+    True
+    """
+    return _rewrite(node, args)
+
+
+def slice_of(x: ir.Node, start: int, length: int) -> ir.Node:
+    """``slice(x, start, length)``, pushed into concatenations, pads and elementwise ops.
+
+    >>> a, b = ir.var(0, 2, "i"), ir.var(1, 3, "j")
+    >>> slice_of(ir.make("concat", (a, b), (), 5), 2, 3) is b
+    True
+    """
+    return _slice(x, start, length)
 
 
 def distribute_dots(formula: ir.Node, min_dim: int, max_dim: int) -> ir.Node:

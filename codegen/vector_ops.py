@@ -12,8 +12,26 @@ Matrices are stored row-major in a vector: ``A`` of dimension ``n*m`` is ``A[r*m
 
 from __future__ import annotations
 
+import numbers
+
 from . import ir
 from .ops import OpDef, apply, register
+
+# the doctest of a method over the vector dimension: two points of dimension 3
+_VECTOR_EXAMPLE = """>>> x = Vi(np.array([[1.0, 3.0, 2.0], [0.0, -1.0, 5.0]]))
+>>> x.{call}.dense().tolist()
+{result}"""
+
+
+def _integers(op: str, names: str, values) -> tuple:
+    """``values`` as Python ints, or a TypeError naming the op and the parameter (a float
+    such as 0.5 would otherwise reach the generated code, or be truncated)."""
+    out = []
+    for name, v in zip(names.split(), values):
+        if not isinstance(v, numbers.Integral) or isinstance(v, bool):
+            raise TypeError(f"{op}: {name} must be an integer, got {v!r} ({type(v).__name__})")
+        out.append(int(v))
+    return tuple(out)
 
 
 def _fixed(dim):
@@ -43,13 +61,14 @@ register(OpDef(
     vjp=lambda node, g: [apply("expand", g, params=(node.args[0].dim,))],
     jvp=lambda node, t: None if t[0] is None else apply("sum", t[0]),
     doc="sum over the vector dimension", keops=("Sum",), method="sum",
+    example=_VECTOR_EXAMPLE.format(call="sum()", result="[[6.0], [4.0]]"),
 ))
 
 
 def _expand_dim(dims, params):
     if dims[0] != 1:
         raise ValueError(f"expand: operand must have dimension 1, got {dims[0]}")
-    return int(params[0])
+    return _integers("expand", "dimension", params)[0]
 
 
 register(OpDef(
@@ -94,9 +113,10 @@ def _select_jvp(arg_name):
     return jvp
 
 
-for _name, _cmp, _index, _keops in (
-    ("vmin", "<", False, "Min"), ("vmax", ">", False, "Max"),
-    ("vargmin", "<", True, "ArgMin"), ("vargmax", ">", True, "ArgMax"),
+for _name, _cmp, _index, _keops, _result in (
+    ("vmin", "<", False, "Min", "[[1.0], [-1.0]]"), ("vmax", ">", False, "Max", "[[3.0], [5.0]]"),
+    ("vargmin", "<", True, "ArgMin", "[[0.0], [1.0]]"),
+    ("vargmax", ">", True, "ArgMax", "[[1.0], [2.0]]"),
 ):  # fmt: skip
     _arg = "vargmin" if _cmp == "<" else "vargmax"
     register(OpDef(
@@ -105,7 +125,9 @@ for _name, _cmp, _index, _keops in (
         vjp=None if _index else _select_vjp(_arg),
         jvp=None if _index else _select_jvp(_arg),
         differentiable=not _index,
-        doc=f"{_name[1:]} over the vector dimension", keops=(_keops,), method=_keops.lower(),
+        doc=f"{_name[1:]} over the vector dimension" + (" (as a float)" if _index else ""),
+        keops=(_keops,), method=_keops.lower(),
+        example=_VECTOR_EXAMPLE.format(call=f"{_keops.lower()}()", result=_result),
     ))
 
 
@@ -113,7 +135,7 @@ for _name, _cmp, _index, _keops in (
 
 
 def _slice_dim(dims, params):
-    start, length = params
+    start, length = _integers("slice", "start length", params)
     if not (0 <= start and length >= 1 and start + length <= dims[0]):
         raise ValueError(f"slice [{start}:{start + length}] out of range for dimension {dims[0]}")
     return length
@@ -132,7 +154,7 @@ register(OpDef(
 
 
 def _pad_dim(dims, params):
-    start, total = params
+    start, total = _integers("pad", "start total", params)
     if start < 0 or start + dims[0] > total:
         raise ValueError(f"pad: cannot place dimension {dims[0]} at {start} in {total}")
     return total
@@ -184,14 +206,17 @@ register(OpDef(
         apply("slice", g, params=(node.args[0].dim, node.args[1].dim)),
     ],
     jvp=_concat_jvp,
-    doc="concatenation of two vectors", keops=("Concat",), method="concat",
+    doc="concatenation of two vectors: dimensions D and E give D + E", keops=("Concat",),
+    method="concat", example=""">>> x, y = Vi(np.array([[1.0, 3.0, 2.0]])), Vj(np.array([[7.0]]))
+>>> x.concat(y).dense().tolist()
+[[[1.0, 3.0, 2.0, 7.0]]]""",
 ))
 
 
 def _one_hot_dim(dims, params):
     if dims[0] != 1:
         raise ValueError(f"one_hot: operand must have dimension 1, got {dims[0]}")
-    return int(params[0])
+    return _integers("one_hot", "dimension", params)[0]
 
 
 def _one_hot_ref(xp, t, p):
@@ -251,6 +276,10 @@ register(OpDef(
         None if t[1] is None else apply("matvec", node.args[0], t[1]),
     ),
     doc="A(n*m, row-major) times x(m)", keops=("MatVecMult",), method="matvecmult",
+    example=""">>> A = Vi(np.array([[1.0, 2.0, 3.0, 4.0]]))  # the matrix [[1, 2], [3, 4]]
+>>> v = Vj(np.array([[1.0, 1.0], [1.0, 0.0]]))
+>>> A.matvecmult(v).dense().tolist()
+[[[3.0, 7.0], [1.0, 3.0]]]""",
 ))
 
 
@@ -282,6 +311,10 @@ register(OpDef(
         None if t[1] is None else apply("vecmat", node.args[0], t[1]),
     ),
     doc="x(n) times A(n*m, row-major)", keops=("VecMatMult",), method="vecmatmult",
+    example=""">>> A = Vi(np.array([[1.0, 2.0, 3.0, 4.0]]))  # the matrix [[1, 2], [3, 4]]
+>>> v = Vj(np.array([[1.0, 1.0], [1.0, 0.0]]))
+>>> v.vecmatmult(A).dense().tolist()
+[[[4.0, 6.0], [1.0, 2.0]]]""",
 ))
 
 
@@ -305,6 +338,9 @@ register(OpDef(
     ),
     doc="outer product a(n) b(m) as an n*m row-major vector", keops=("TensorProd",),
     method="tensorprod",
+    example=""">>> x, y = Vi(np.array([[1.0, 3.0, 2.0]])), Vj(np.array([[1.0, 10.0]]))
+>>> x.tensorprod(y).dense().tolist()
+[[[1.0, 10.0, 3.0, 30.0, 2.0, 20.0]]]""",
 ))
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .codegen import diff, ir, reductions
+from .codegen import diff, ir, ops, reductions
 from .codegen.arraymath import torch_namespace
 from .codegen.compositions import concat
 from .codegen.evaluate import evaluate
@@ -95,11 +95,14 @@ _C_APPLY = super(torch.autograd.Function, KernelReduction).apply
 @dataclass(frozen=True)
 class SideGradient:
     """The gradients of the inputs ``slots`` of one side (i-variables and parameters: a
-    Sum over j; j-variables: over i), as one Sum of their concatenated cotangents."""
+    Sum over j; j-variables: over i), as one Sum of their concatenated cotangents;
+    ``normalized``: one more component, the sum of the softmax weights, divides them."""
 
     slots: tuple
     call: ReductionCall  # the Sum the kernel runs (after the gradient plan)
     plan: GradientPlan | None  # None on the NumPy backend: the formula as it is
+    normalized: bool = False
+    shift: tuple | None = None  # (argument slot, max_sumshiftexp call): see _shifted
 
 
 @dataclass(frozen=True)
@@ -129,24 +132,60 @@ def _vjp_plan(call: ReductionCall, needs: tuple, aux: bool) -> VjpPlan:
     g_var = ir.var(len(cats) - 1, G.dim, "i")
     wanted = [k for k in range(n_in) if needs[k]]
     xs = {k: ir.var(k, call.dims[k], call.cats[k]) for k in wanted}
-    cot = diff.vjp(G, list(xs.values()), g_var)
     sum_opts = tuple((k, v) for k, v in call.opts if k in reductions.get("sum").options)
     sides = []
     for side, axis in ((("i", "p"), 1), (("j",), 0)):
         ks = tuple(k for k in wanted if call.cats[k] in side)
         if not ks:
             continue
-        sub = call.with_formula(concat([cot[xs[k]] for k in ks]), cats, dims, "sum", sum_opts,
-                                axis=axis)
+        # i-side gradients of softmax-weighted reductions are normalized by the weights'
+        # own sum (Reduction.normalizer), whose limit at +inf they follow; the j-side sums
+        # over i the weights of rows it cannot normalize: plain exp(f - lse) there.
+        weight = red.normalizer(call.formula, saved_vars) if axis == 1 else None
+        G = red.vjp_formula(call.formula, saved_vars, aux, limits=weight is not None)
+        cot = diff.vjp(G, [xs[k] for k in ks], g_var)
+        parts = [cot[xs[k]] for k in ks] + ([weight] if weight is not None else [])
+        formula, side_dims, shift = concat(parts), dims, None
+        if axis == 0 and red.lse_output is not None and call.backend != "numpy":
+            formula, side_dims, shift = _shifted(call, formula, dims, n_in + red.lse_output)
+        sub = call.with_formula(formula, cats, side_dims, "sum", sum_opts, axis=axis)
         if sub.backend == "numpy":
-            sides.append(SideGradient(ks, sub, None))
+            sides.append(SideGradient(ks, sub, None, weight is not None))
             continue
         plan = plan_gradient_sum(sub.formula, len(sub.cats))
         run = dataclasses.replace(sub, formula=plan.split.G if plan.split else plan.formula,
                                   cats=sub.cats + ("j",) * len(plan.hoisted),
                                   dims=sub.dims + tuple(n.dim for n in plan.hoisted))
-        sides.append(SideGradient(ks, run, plan))
+        sides.append(SideGradient(ks, run, plan, weight is not None, shift))
     return VjpPlan(tuple(sides))
+
+
+def _shifted(call: ReductionCall, formula: ir.Node, dims: list, slot: int) -> tuple:
+    """j-side weights exp(f - lse) as exp(f - m) / s, from the row maximum m and
+    s = Σ_j exp(f - m) of a ``max_sumshiftexp`` pass: the float32 lse cannot hold f - lse
+    where it is below f's ulp (f ~ -7e4, f - lse ~ -1e-3: a weight of 1 for 0.9988),
+    whereas f - m is exact near the maximum. ``(formula, dims, (slot, call))``, the
+    saved lse's slot holding (m, log s); unchanged where the lse is used otherwise."""
+    lse = ir.var(slot, 1, "i")
+    ms = ir.var(slot, 2, "i")
+    m, logs = (ops.apply("slice", ms, params=(q, 1)) for q in (0, 1))
+    scale = ops.apply("exp", ops.apply("neg", logs))
+
+    def fn(node, args):
+        if node.op == "softmax_weight" and node.args[1] is lse:
+            return ops.apply("mul", ops.apply("softmax_weight", args[0], m, params=node.params),
+                             scale)
+        return node if args == node.args else ir.make(node.op, args, node.params, node.dim)
+
+    shifted = ir.rebuild(formula, fn)
+    if lse in ir.variables(shifted):
+        return formula, dims, None
+    F = call.formula
+    f = F if F.dim == 1 else ops.apply("slice", F, params=(0, 1))
+    new_dims = list(dims)
+    new_dims[slot] = 2
+    return shifted, new_dims, (slot, call.with_formula(f, call.cats, call.dims,
+                                                       "max_sumshiftexp", ()))
 
 
 def reduction_vjp(call, inputs, outs, grads, needs, ranges=None) -> list:
@@ -173,7 +212,18 @@ def reduction_vjp(call, inputs, outs, grads, needs, ranges=None) -> list:
         side_ranges = ranges
         if ranges is not None and call.cats[side.slots[0]] == "j":
             side_ranges = ranges.t()
-        total = _side_sum(side, args, side_ranges)
+        side_args = args
+        if side.shift is not None:
+            # the row pass (max, Σ exp) runs over the forward's pairs: its ranges as given
+            slot, ms_call = side.shift
+            m, s = execute(ms_call, [a.detach() for a in inputs], ranges)[0].split(1, dim=-1)
+            lse = args[slot]  # log s's value, lse's derivative (m is a constant shift)
+            logs = torch.log(s) + (lse - lse.detach())
+            side_args = [*args[:slot], torch.cat([m, logs], dim=-1), *args[slot + 1:]]
+        total = _side_sum(side, side_args, side_ranges)
+        if side.normalized:  # Σ_j e C / Σ_j e; no term at all (M = 0): the plain sum, 0
+            weights = total[..., -1:]
+            total = total[..., :-1] / torch.where(weights == 0, torch.ones_like(weights), weights)
         offset = 0
         for k in side.slots:
             d = call.dims[k]

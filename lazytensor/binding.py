@@ -156,3 +156,35 @@ def bind(variables: list[Variable]) -> Signature:
     M = rows("j", "rows")
     return Signature(library, dtype, device, tuple(batch), 1 if N is None else N,
                      1 if M is None else M, list(variables))
+
+
+def copy_into(out, result):
+    """Copy a reduction's ``result`` into the user's ``out`` array and return ``out``: of
+    the same library, shape, dtype and device as the result, else a clear error (never a
+    broadcast or a cast).
+
+    >>> import numpy as np
+    >>> copy_into(np.zeros((2, 1)), np.ones((2, 1))).tolist()
+    [[1.0], [1.0]]
+    >>> copy_into(np.zeros((2, 3)), np.ones((2, 1)))
+    Traceback (most recent call last):
+    ...
+    ValueError: out: expected an array of shape (2, 1), dtype float64 (the result's), got shape (2, 3), dtype float64
+    """
+    if isinstance(result, tuple):
+        raise TypeError(f"out: this reduction has {len(result)} outputs; out= takes one "
+                        "array, so call it without out= and copy the outputs yourself")
+    kind = "a tensor" if is_torch(result) else "an array"
+    if is_torch(out) != is_torch(result):
+        raise TypeError(f"out: expected a {'torch tensor' if is_torch(result) else 'NumPy array'}"
+                        f" (as the inputs), got {type(out).__name__}")
+    want = (tuple(result.shape), array_dtype(result), _device_text(result))
+    got = (tuple(out.shape), array_dtype(out), _device_text(out))
+    if want != got:
+        raise ValueError(f"out: expected {kind} of shape {want[0]}, dtype {want[1]}{want[2]} "
+                         f"(the result's), got shape {got[0]}, dtype {got[1]}{got[2]}")
+    if is_torch(out):
+        out.copy_(result)
+    else:
+        np.copyto(out, result)
+    return out

@@ -358,21 +358,33 @@ class RealToComplexMethods:
             result.ranges = out.ranges
         return result
 
-    def real2complex(self):
-        """``x + 0i`` as a complex LazyTensor.
+    def real2complex(self) -> ComplexMethods:
+        """``x + 0i`` as a complex LazyTensor (same shape).
 
         >>> from lazytensor import Vi
         >>> Vi(np.ones((3, 2))).real2complex().is_complex
         True
+        >>> Vi(np.array([[0.0], [1.0]])).real2complex().sum(dim=1).tolist()
+        [[0j], [(1+0j)]]
         """
         return self._to_complex(lambda x: pair(x, ir.const([0.0])))
 
-    def imag2complex(self):
-        """``0 + x i`` as a complex LazyTensor."""
+    def imag2complex(self) -> ComplexMethods:
+        """``0 + x i`` as a complex LazyTensor (same shape).
+
+        >>> from lazytensor import Vi
+        >>> Vi(np.array([[0.0], [1.0]])).imag2complex().sum(dim=1).tolist()
+        [[0j], [1j]]
+        """
         return self._to_complex(lambda x: pair(ir.const([0.0]), x))
 
-    def exp1j(self):
-        """``exp(i x) = cos x + i sin x`` as a complex LazyTensor."""
+    def exp1j(self) -> ComplexMethods:
+        """``exp(i x) = cos x + i sin x`` as a complex LazyTensor (same shape).
+
+        >>> from lazytensor import Vi
+        >>> Vi(np.array([[0.0], [1.0]])).exp1j().sum(dim=1).round(4).tolist()
+        [[(1+0j)], [(0.5403+0.8415j)]]
+        """
         return self._to_complex(exp1j)
 
 

@@ -96,8 +96,19 @@ def _contiguous(call: ReductionCall, arrays: list) -> list:
     if call.backend == "numpy":
         return arrays
     if call.library == "torch":
-        return [a if a.is_contiguous() else a.detach().contiguous() for a in arrays]
+        return [a if a.is_contiguous() and not _lazy_bits(a) else _plain(a) for a in arrays]
     return [np.ascontiguousarray(a) for a in arrays]
+
+
+def _lazy_bits(a) -> bool:
+    """A torch view whose memory does not hold its values: a negated (``t.conj().imag``,
+    ``torch._neg_view``) or conjugated view, whose sign torch applies only on reading."""
+    return a.is_neg() or a.is_conj()
+
+
+def _plain(a):
+    """``a``'s values in contiguous memory of their own sign (a copy only when needed)."""
+    return a.detach().resolve_conj().resolve_neg().contiguous()
 
 
 def _executor(call: ReductionCall, shapes: tuple):
@@ -173,7 +184,7 @@ def _cuda_executor(call: ReductionCall, specs: list):
 
 
 def _run_reference(call: ReductionCall, arrays: list, specs: list, ranges=None) -> list:
-    data = [a.detach().cpu().numpy() if is_torch(a) else a for a in arrays]
+    data = [_plain(a).cpu().numpy() if is_torch(a) else a for a in arrays]
     res = reference.reduce(call.formula, data, list(call.cats), call.batch, call.N, call.M,
                            call.reduction, call.opts_dict, ranges)
     outs = []

@@ -252,7 +252,7 @@ def prepare(formula: ir.Node, variables: list, reduction: str, axis: int, opts: 
             backend: str = "auto", grad_mode: str = "auto", ranged: bool = False) -> Plan:
     """Bind and check the variables, build the call and its route through autograd, and
     work out the symbolic part of the gradients the call will need (``ranged``: for
-    block-sparse runs, where a K-min may ask for more points than a block has)."""
+    block-sparse runs, whose K-min blocks may see fewer than K points and pad)."""
     red = reductions.get(reduction)
     # K=np.int64(5) must hash (JSON) and compile like K=5.
     opts = {k: int(v) if isinstance(v, np.integer) else v for k, v in opts.items()}
@@ -269,7 +269,7 @@ def prepare(formula: ir.Node, variables: list, reduction: str, axis: int, opts: 
         formula = ir.swap_ij(formula)
         cats = [ir.swap_cat(c) for c in cats]
         N, M = M, N
-    red.check(formula.dim, opts, None if ranged else M)
+    red.check(formula.dim, opts, M)  # K > M refused, with ranges too (blocks pad)
     resolved = _resolve_backend(backend, sig.device, sig.library)
     device, index = sig.device, None
     if resolved == "cuda":
@@ -296,6 +296,8 @@ def _prepare_gradients(plan: Plan, requires: tuple, grad_mode: str) -> None:
 
     call, red = plan.call, plan.red
     ks = dual.dual_slots(call, requires, check_grad_mode(grad_mode))
+    if call.M == 0:  # no term to fuse: the symbolic gradients (0), not the fused 0/0
+        ks = ()
     plan.apply = KernelReduction.apply
     if ks:
         plan.route, plan.dual_slots, plan.apply = "dual", ks, dual.FusedReduction.apply

@@ -16,14 +16,16 @@ by i), ``axis=0`` over i, as in pykeops.
 from __future__ import annotations
 
 import numbers
+from typing import Any, Sequence
 
 import numpy as np
 
 from . import engine, half
-from .binding import Variable, is_torch
+from .binding import Variable, copy_into, is_torch
 from .codegen import ops, parse
 from .errors import ArgumentTypeError
 from .options import check_axis, gpu_options, keops_reduction, reduction_options
+from .typehints import Array
 
 
 class Genred:
@@ -46,9 +48,12 @@ class Genred:
     (10, 3)
     """
 
-    def __init__(self, formula, aliases, reduction_op="Sum", axis=0, dtype=None, opt_arg=None,
-                 formula2=None, dtype_acc="auto", use_double_acc=False, sum_scheme="auto",
-                 enable_chunks=True, rec_multVar_highdim=None, use_fast_math=None, cuda_type=None):
+    def __init__(self, formula: str, aliases: Sequence[str], reduction_op: str = "Sum",
+                 axis: int = 0, dtype: str | None = None, opt_arg: int | None = None,
+                 formula2: str | None = None, dtype_acc: str = "auto",
+                 use_double_acc: bool = False, sum_scheme: str = "auto",
+                 enable_chunks: bool = True, rec_multVar_highdim: Any = None,
+                 use_fast_math: bool | None = None, cuda_type: str | None = None):
         check_axis(axis)
         self.reduction, self.opts = keops_reduction(reduction_op, opt_arg, formula2)
         self.opts.update(gpu_options("auto", None, use_fast_math)[1])
@@ -69,8 +74,19 @@ class Genred:
         args = ", ".join(v.describe() for v in self.variables)
         return f"Genred({self.reduction_op}, axis={self.axis}, [{args}])"
 
-    def __call__(self, *args, backend="auto", device_id=-1, ranges=None, out=None):
-        """Run the reduction on one array per variable (index order)."""
+    def __call__(self, *args: Array | float, backend: str = "auto", device_id: int = -1,
+                 ranges: Any = None, out: Array | None = None) -> Array | tuple:
+        """Run the reduction on one array per variable (index order): an ``(N, F)`` array
+        for ``axis=1`` (``(M, F)`` for ``axis=0``), in the arrays' library and dtype;
+        ``(N, K)`` for the K-min family, a tuple for the reductions with two outputs.
+        ``out`` receives the result; ``ranges`` are block-sparse ranges
+        (:mod:`lazytensor.ranges`).
+
+        >>> sqdist_sum = Genred("SqDist(x, y)", ["x = Vi(1)", "y = Vj(1)"], "Sum", axis=1)
+        >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
+        >>> sqdist_sum(x, y).tolist()
+        [[4.0], [2.0], [10.0]]
+        """
         backend = str(gpu_options(backend, device_id)[0]).lower()
         variables = bind_arguments(self.variables, args)
         io_dtype = half.output_dtype(variables)
@@ -85,11 +101,7 @@ class Genred:
         if io_dtype:
             result = half.cast_outputs(result, io_dtype)
         if out is not None:
-            if is_torch(out):
-                out.copy_(result)
-            else:
-                np.copyto(out, result)
-            return out
+            return copy_into(out, result)
         return result
 
 
@@ -154,7 +166,7 @@ def _output_axis(output: str):
     return (1 if decl.cat == "i" else 0), decl.dim
 
 
-def generic_sum(formula, output, *aliases, **kwargs) -> Genred:
+def generic_sum(formula: str, output: str, *aliases: str, **kwargs: Any) -> Genred:
     """``Genred(formula, aliases, "Sum")``; ``output = "a = Vi(D)"`` reduces over j, ``Vj`` over i.
 
     >>> import numpy as np
@@ -168,24 +180,48 @@ def generic_sum(formula, output, *aliases, **kwargs) -> Genred:
     return red
 
 
-def generic_logsumexp(formula, output, *aliases, **kwargs) -> Genred:
-    """``Genred(formula, aliases, "LogSumExp")`` with the axis given by ``output``."""
+def generic_logsumexp(formula: str, output: str, *aliases: str, **kwargs: Any) -> Genred:
+    """``Genred(formula, aliases, "LogSumExp")`` with the axis given by ``output``
+    (``"a = Vi(1)"``: over j, one value per i).
+
+    >>> import numpy as np
+    >>> lse = generic_logsumexp("-SqDist(x, y)", "a = Vi(1)", "x = Vi(1)", "y = Vj(1)")
+    >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
+    >>> lse(x, y).round(4).tolist()
+    [[0.0181], [-0.3069], [-0.9997]]
+    """
     axis, dim = _output_axis(output)
     red = Genred(formula, list(aliases), reduction_op="LogSumExp", axis=axis, **kwargs)
     _check_output_dim(output, dim, 1)
     return red
 
 
-def generic_argmin(formula, output, *aliases, **kwargs) -> Genred:
-    """``Genred(formula, aliases, "ArgMin")`` with the axis given by ``output``."""
+def generic_argmin(formula: str, output: str, *aliases: str, **kwargs: Any) -> Genred:
+    """``Genred(formula, aliases, "ArgMin")`` with the axis given by ``output``: the index
+    (int64) of the nearest y for each x below.
+
+    >>> import numpy as np
+    >>> nearest = generic_argmin("SqDist(x, y)", "a = Vi(1)", "x = Vi(1)", "y = Vj(1)")
+    >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
+    >>> nearest(x, y).tolist()
+    [[0], [0], [1]]
+    """
     axis, dim = _output_axis(output)
     red = Genred(formula, list(aliases), reduction_op="ArgMin", axis=axis, **kwargs)
     _check_output_dim(output, dim, red.formula.dim)
     return red
 
 
-def generic_argkmin(formula, output, *aliases, **kwargs) -> Genred:
-    """``Genred(formula, aliases, "ArgKMin", opt_arg=K)``: ``output = "a = Vi(K)"`` gives K."""
+def generic_argkmin(formula: str, output: str, *aliases: str, **kwargs: Any) -> Genred:
+    """``Genred(formula, aliases, "ArgKMin", opt_arg=K)``: ``output = "a = Vi(K)"`` gives K,
+    and an ``(N, K)`` array of indices (int64), nearest first.
+
+    >>> import numpy as np
+    >>> knn = generic_argkmin("SqDist(x, y)", "a = Vi(2)", "x = Vi(1)", "y = Vj(1)")
+    >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
+    >>> knn(x, y).tolist()
+    [[0, 1], [0, 1], [1, 0]]
+    """
     axis, K = _output_axis(output)
     return Genred(formula, list(aliases), reduction_op="ArgKMin", axis=axis, opt_arg=K, **kwargs)
 

@@ -17,7 +17,14 @@ attributes and no-op steps of pykeops that client code calls (``_shape``,
 
 from __future__ import annotations
 
+from typing import Any, TypeVar
+
 from .codegen import compositions, diff, ir, ops, parse, reductions
+from .method_docs import document_op_methods
+from .typehints import Array, Reduced
+
+# the LazyTensor these methods are called on (and return): lazy.py imports this module
+Self = TypeVar("Self", bound="KeOpsMethods")
 
 
 def _basis(dim: int, k: int) -> ir.Node:
@@ -34,6 +41,11 @@ def _sum_nodes(nodes: list) -> ir.Node:
 class KeOpsMethods:
     """The methods; :class:`~lazytensor.LazyTensor` inherits them."""
 
+    def __init_subclass__(cls, **kwargs):
+        # the methods that build one registered op take their docstring from its record
+        super().__init_subclass__(**kwargs)
+        document_op_methods(cls)
+
     # ------------------------------------------------------------------ attributes
 
     @property
@@ -42,26 +54,44 @@ class KeOpsMethods:
         which geomloss reads to recognise a KeOps object)."""
         return (*self.batchdims, self.ni, self.nj, self.formula.dim)
 
-    def fixvariables(self) -> None:
+    def fixvariables(self: Self) -> None:
         """pykeops numbers a formula's variables before a call; a lazytensor formula holds its
-        variables from the start, so there is nothing to do."""
+        variables from the start, so there is nothing to do.
 
-    def factorize(self, other):
+        >>> import numpy as np; from lazytensor import Vi
+        >>> Vi(np.ones((2, 1))).fixvariables() is None
+        True
+        """
+
+    def factorize(self: Self, other: Self) -> Self:
         """The same formula, ``other``'s occurrences computed once (pykeops's ``Factorize``):
-        identical subterms already are one node here, evaluated once per pair."""
+        identical subterms already are one node here, evaluated once per pair.
+
+        >>> import numpy as np; from lazytensor import Vi
+        >>> x = Vi(np.array([[1.0, 2.0]]))
+        >>> x.sqnorm2().factorize(x).dense().tolist()
+        [[5.0]]
+        """
         if not isinstance(other, type(self)):
             raise TypeError(f"factorize: expected a LazyTensor, got {type(other).__name__}")
         return self._build(lambda f: f)
 
-    def auto_factorize(self):
+    def auto_factorize(self: Self) -> Self:
         """The same formula, shared subterms computed once (pykeops's ``AutoFactorize``):
-        the IR shares identical subterms already."""
+        the IR shares identical subterms already.
+
+        >>> import numpy as np; from lazytensor import Vi
+        >>> Vi(np.array([[1.0, 2.0]])).sqnorm2().auto_factorize().dense().tolist()
+        [[5.0]]
+        """
         return self._build(lambda f: f)
 
     # ------------------------------------------------------------------ reductions
 
-    def reduction(self, reduction_op, other=None, opt_arg=None, axis=None, dim=None, call=True,
-                  is_complex=None, backend="auto", **kwargs):
+    def reduction(self: Self, reduction_op: str, other: Self | Array | float | None = None,
+                  opt_arg: int | None = None, axis: int | None = None, dim: int | None = None,
+                  call: bool = True, is_complex: bool | None = None, backend: str = "auto",
+                  **kwargs: Any) -> Reduced:
         """Any reduction by its pykeops name: ``K.reduction("LogSumExp", other=w, dim=1)``,
         ``K.reduction("ArgKMin", opt_arg=5, dim=1)``; keywords as the named methods. The
         name, K and the weight are read from the reduction registry.
@@ -83,7 +113,8 @@ class KeOpsMethods:
 
     # ------------------------------------------------------------------ KeOps operation names
 
-    def unary(self, operation: str, dimres=None, opt_arg=None, opt_arg2=None, is_complex=None):
+    def unary(self: Self, operation: str, dimres: int | None = None, opt_arg: Any = None,
+              opt_arg2: Any = None, is_complex: bool | None = None) -> Self:
         """``operation(self, opt_arg, opt_arg2)`` by its KeOps name (``x.unary("Exp")``,
         ``x.unary("Extract", opt_arg=1, opt_arg2=2)``); ``dimres`` is checked.
 
@@ -94,11 +125,21 @@ class KeOpsMethods:
         options = [o for o in (opt_arg, opt_arg2) if o is not None]
         return self._named(operation, [self], options, dimres, is_complex=is_complex)
 
-    def binary(self, other, operation: str, is_operator=False, dimres=None, dimcheck="sameor1",
-               opt_arg=None, opt_pos="last", rversion=False, is_complex=None):
+    def binary(self: Self, other: Self | Array | float, operation: str, is_operator: bool = False,
+               dimres: int | None = None, dimcheck: str | None = "sameor1", opt_arg: Any = None,
+               opt_pos: str = "last", rversion: bool = False,
+               is_complex: bool | None = None) -> Self:
         """``operation(self, other, opt_arg)`` by its KeOps name, or ``self operation other``
         for an operator (``x.binary(y, "+", is_operator=True)``); ``dimcheck`` is
-        pykeops's ("same", "sameor1", "vecand1" or None)."""
+        pykeops's ("same", "sameor1", "vecand1" or None).
+
+        >>> import numpy as np; from lazytensor import Vi, Vj
+        >>> x, y = Vi(np.array([[1.0, 2.0]])), Vj(np.array([[0.0, 1.0]]))
+        >>> x.binary(y, "+", is_operator=True).dense().tolist()
+        [[[1.0, 3.0]]]
+        >>> x.binary(y, "SqDist").dense().tolist()
+        [[2.0]]
+        """
         other = other if isinstance(other, type(self)) else self._operand(other)
         _check_dims(operation, dimcheck, [self.formula.dim, other.formula.dim])
         operands = [other, self] if rversion else [self, other]
@@ -111,10 +152,17 @@ class KeOpsMethods:
         return self._named(operation, operands, options, dimres, operator=is_operator,
                            is_complex=is_complex)
 
-    def ternary(self, other1, other2, operation: str, dimres=None, dimcheck="sameor1",
-                opt_arg=None):
+    def ternary(self: Self, other1: Self | Array | float, other2: Self | Array | float,
+                operation: str,
+                dimres: int | None = None, dimcheck: str | None = "sameor1",
+                opt_arg: Any = None) -> Self:
         """``operation(self, other1, other2, opt_arg)`` by its KeOps name
-        (``x.ternary(a, b, "Clamp")``)."""
+        (``x.ternary(a, b, "Clamp")``).
+
+        >>> import numpy as np; from lazytensor import Vi
+        >>> Vi(np.array([[-2.0], [3.0]])).ternary(-1.0, 1.0, "Clamp").dense().tolist()
+        [[-1.0], [1.0]]
+        """
         operands = [o if isinstance(o, type(self)) else self._operand(o) for o in (other1, other2)]
         _check_dims(operation, dimcheck, [self.formula.dim] + [o.formula.dim for o in operands])
         return self._named(operation, [self, *operands], [] if opt_arg is None else [opt_arg],
@@ -141,7 +189,7 @@ class KeOpsMethods:
 
     # ------------------------------------------------------------------ symbolic calculus
 
-    def diff(self, v, u):
+    def diff(self: Self, v: Self, u: Self | Array | float) -> Self:
         """The directional derivative ``(∂self/∂v) u`` (pykeops's ``Diff``), ``u`` of v's
         dimension (or 1).
 
@@ -161,19 +209,37 @@ class KeOpsMethods:
 
         return self._build(build, _leaf(v, "diff"), u)
 
-    def grad_matrix(self, v):
+    def grad_matrix(self: Self, v: Self) -> Self:
         """The Jacobian of ``self`` (dimension F) in ``v`` (dimension D), row-major: an F·D
-        vector whose entry ``k·D + l`` is ``∂self_k/∂v_l`` (pykeops's ``GradMatrix``)."""
+        vector whose entry ``k·D + l`` is ``∂self_k/∂v_l`` (pykeops's ``GradMatrix``).
+
+        >>> import numpy as np; from lazytensor import Vi
+        >>> x = Vi(np.array([[1.0, 2.0]]))
+        >>> (x * x).grad_matrix(x).dense().tolist()     # diag(2 x)
+        [[[2.0, 0.0, 0.0, 4.0]]]
+        """
         return self._build(lambda f, x: compositions.concat_all(
             [diff.vjp(f, [x], _basis(f.dim, k))[x] for k in range(f.dim)]),
             _leaf(v, "grad_matrix"))
 
-    def divergence(self, v):
-        """``Σ_k ∂self_k/∂v_k`` for ``self`` of v's dimension."""
+    def divergence(self: Self, v: Self) -> Self:
+        """``Σ_k ∂self_k/∂v_k`` for ``self`` of v's dimension: dimension 1.
+
+        >>> import numpy as np; from lazytensor import Vi
+        >>> x = Vi(np.array([[1.0, 2.0]]))
+        >>> (x * x).divergence(x).dense().tolist()      # 2 x_0 + 2 x_1
+        [[6.0]]
+        """
         return self._build(_divergence, _leaf(v, "divergence"))
 
-    def laplacian(self, v):
-        """``Σ_k ∂²self/∂v_k²`` for a scalar ``self``."""
+    def laplacian(self: Self, v: Self) -> Self:
+        """``Σ_k ∂²self/∂v_k²`` for a scalar ``self``: dimension 1.
+
+        >>> import numpy as np; from lazytensor import Vi
+        >>> x = Vi(np.array([[1.0, 2.0]]))
+        >>> x.sqnorm2().laplacian(x).dense().tolist()   # 2 per component
+        [[4.0]]
+        """
 
         def build(f, x):
             if f.dim != 1:
@@ -182,9 +248,15 @@ class KeOpsMethods:
 
         return self._build(build, _leaf(v, "laplacian"))
 
-    def trace_operator(self, v):
+    def trace_operator(self: Self, v: Self) -> Self:
         """The trace of ``v ↦ self`` for a formula linear in ``v`` (of v's dimension):
-        ``Σ_k self(v = e_k)_k`` (pykeops's ``TraceOperator``)."""
+        ``Σ_k self(v = e_k)_k`` (pykeops's ``TraceOperator``): dimension 1.
+
+        >>> import numpy as np; from lazytensor import Pm, Vi
+        >>> x, A = Vi(np.array([[1.0, 2.0]])), Pm(np.array([1.0, 2.0, 3.0, 4.0]))
+        >>> A.matvecmult(x).trace_operator(x).dense().tolist()   # trace [[1, 2], [3, 4]]
+        [[5.0]]
+        """
 
         def build(f, x):
             if f.dim != x.dim:
@@ -197,14 +269,28 @@ class KeOpsMethods:
 
     # ------------------------------------------------------------------ splines and DTW
 
-    def bspline(self, x, k: int = 0):
+    def bspline(self: Self, x: Self | Array | float, k: int = 0) -> Self:
         """The B-spline basis of order ``k`` on the knots ``self`` (non-decreasing), at the
-        scalar ``x``: a vector of dimension ``self.ndim - k - 1`` (pykeops's ``BSpline``)."""
+        scalar ``x``: a vector of dimension ``self.ndim - k - 1`` (pykeops's ``BSpline``).
+
+        >>> import numpy as np; from lazytensor import Pm, Vi
+        >>> knots, t = Pm(np.array([0.0, 1.0, 2.0, 3.0])), Vi(np.array([[0.5], [1.5]]))
+        >>> knots.bspline(t, 1).dense().tolist()        # hat functions at 1 and 2
+        [[[0.5, 0.0]], [[0.5, 0.5]]]
+        """
         return self._build(lambda knots, t: compositions.bspline(knots, t, int(k)), x)
 
-    def softdtw_sqdist(self, other, gamma):
+    def softdtw_sqdist(self: Self, other: Self | Array | float,
+                       gamma: Self | Array | float) -> Self:
         """Soft-DTW between the sequences ``self`` and ``other`` for the squared difference,
-        smoothing ``gamma`` (pykeops's ``SoftDTW_SqDist``); differentiable in all three."""
+        smoothing ``gamma`` (pykeops's ``SoftDTW_SqDist``); differentiable in all three.
+        Sequences of lengths D and E give dimension 1.
+
+        >>> import numpy as np; from lazytensor import Pm, Vi, Vj
+        >>> a, b = Vi(np.array([[0.0, 1.0, 2.0]])), Vj(np.array([[0.0, 2.0]]))
+        >>> a.softdtw_sqdist(b, Pm(0.1)).dense().round(4).tolist()
+        [[0.9307]]
+        """
         return self._build(compositions.softdtw_sqdist, other, gamma)
 
 

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import importlib
 import numbers
+from typing import Any, Sequence
 
 import numpy as np
 
 from . import complex_methods, engine, half, materialize
 from . import solve as linear_solve
-from .binding import Variable, array_dtype, bind, is_torch
+from .binding import Variable, array_dtype, bind, copy_into, is_torch
 from .cluster import swap_axes
 from .codegen import compositions, ir, ops
 from .complex_methods import ComplexMethods, RealToComplexMethods, is_complex_operand
@@ -26,6 +27,7 @@ from .distributed import context as distributed_context
 from .errors import ArgumentTypeError
 from .keops_methods import KeOpsMethods
 from .options import split_reduction_keywords
+from .typehints import Array, Reduced
 
 
 def _interop():
@@ -61,13 +63,15 @@ def _canonical(x, axis):
             f"LazyTensor got a 2D array of shape {tuple(x.shape)}: say which index it follows with "
             "LazyTensor(x, axis=0) (i) or axis=1 (j), or reshape it to (N, 1, D) / (1, M, D)"
         )
+    # squeeze, not x[..., 0, :]: its gradient is a view, where a select's gradient
+    # fills an array of zeros and copies into it (two passes over the input per backward)
     a, b = x.shape[-3], x.shape[-2]
     if b == 1:
         if a == 1:
-            return x[..., 0, 0, :], "p"
-        return x[..., :, 0, :], "i"
+            return x.squeeze(-2).squeeze(-2), "p"
+        return x.squeeze(-2), "i"
     if a == 1:
-        return x[..., 0, :, :], "j"
+        return x.squeeze(-3), "j"
     raise ValueError(
         f"LazyTensor got shape {tuple(x.shape)}: the last three dimensions must be (N, 1, D) for an "
         "i-variable, (1, M, D) for a j-variable or (1, 1, D) for a parameter"
@@ -95,6 +99,18 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
     combine them with arithmetic and math methods, and reduce with ``.sum(dim)``,
     ``.min(dim)``, ``.argKmin(K, dim)``, ``.logsumexp(dim)``, ``@`` ...
     Complex data makes a :class:`ComplexLazyTensor`.
+
+    ``x`` of shape ``(N, 1, D)`` is indexed by i, ``(1, M, D)`` by j, ``(D,)`` or
+    ``(1, 1, D)`` is a parameter (leading batch dimensions allowed); a 2D ``(N, D)`` array
+    needs ``axis=0`` (i) or ``axis=1`` (j); a float is a scalar parameter.
+
+    >>> x = LazyTensor(np.array([[0.0], [1.0], [3.0]])[:, None, :])   # (3, 1, 1): i
+    >>> y = LazyTensor(np.array([[0.0], [2.0]]), axis=1)               # (1, 2, 1): j
+    >>> D = ((x - y) ** 2).sum(-1)
+    >>> D.shape
+    (3, 2)
+    >>> D.sum(dim=1).tolist()
+    [[4.0], [2.0], [10.0]]
     """
 
     __array_priority__ = 1000  # numpy_array * LazyTensor -> LazyTensor.__rmul__
@@ -105,7 +121,9 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
             cls = ComplexLazyTensor
         return object.__new__(cls)
 
-    def __init__(self, x=None, axis=None, *, _formula=None, _variables=None, label=""):
+    def __init__(self, x: LazyTensor | Array | float | Sequence[float] | None = None,
+                 axis: int | None = None, *, _formula: ir.Node | None = None,
+                 _variables: Sequence[Variable] | None = None, label: str = ""):
         if _formula is not None:
             self.formula, self.variables = _formula, list(_variables)
             return
@@ -143,15 +161,28 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
     @property
     def ndim(self) -> int:
         """The vector dimension D, as pykeops's ``LazyTensor.ndim`` (not the number of axes:
-        that is :meth:`dim`, as in torch)."""
+        that is :meth:`dim`, as in torch).
+
+        >>> Vi(np.zeros((4, 3))).ndim, Vi(np.zeros((4, 3))).sqnorm2().ndim
+        (3, 1)
+        """
         return self.formula.dim
 
     def dim(self) -> int:
-        """The number of axes of ``(*batch, N, M, D)``: ``nbatchdims + 3``, as pykeops."""
+        """The number of axes of ``(*batch, N, M, D)``: ``nbatchdims + 3``, as pykeops.
+
+        >>> Vi(np.zeros((4, 3))).dim(), LazyTensor(np.zeros((2, 4, 1, 3))).dim()
+        (3, 4)
+        """
         return self.nbatchdims + 3
 
     @property
     def nbatchdims(self) -> int:
+        """The number of batch dimensions (leading axes before ``N, M, D``).
+
+        >>> Vi(np.zeros((4, 3))).nbatchdims, LazyTensor(np.zeros((5, 4, 1, 3))).nbatchdims
+        (0, 1)
+        """
         nb = 0  # (on every reduction: kept cheap, no shape tuples)
         for v in self.variables:
             if not v.is_scalar:
@@ -160,26 +191,52 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
 
     @property
     def batchdims(self) -> tuple:
+        """The batch dimensions ``batch`` of ``(*batch, N, M, D)`` (broadcast across variables).
+
+        >>> (LazyTensor(np.zeros((5, 4, 1, 3))) - LazyTensor(np.zeros((1, 1, 2, 3)))).batchdims
+        (5,)
+        """
         return bind(self.variables).batch if self.variables else ()
 
     @property
-    def ni(self):
+    def ni(self) -> int:
+        """N, the number of i-indices (1 without i-variable).
+
+        >>> K = Vi(np.zeros((4, 3))) - Vj(np.zeros((2, 3)))
+        >>> K.ni, K.nj
+        (4, 2)
+        """
         return bind(self.variables).N
 
     @property
-    def nj(self):
+    def nj(self) -> int:
+        """M, the number of j-indices (1 without j-variable).
+
+        >>> Vi(np.zeros((4, 3))).nj, Vj(np.zeros((2, 3))).nj
+        (1, 2)
+        """
         return bind(self.variables).M
 
     @property
     def shape(self) -> tuple:
         """``(*batch, N, M, D)``; ``(*batch, N, M)`` for a scalar formula, as pykeops (and as
-        ``scipy.sparse.linalg.aslinearoperator`` needs)."""
+        ``scipy.sparse.linalg.aslinearoperator`` needs).
+
+        >>> x, y = Vi(np.zeros((4, 3))), Vj(np.zeros((2, 3)))
+        >>> (x - y).shape, x.sqdist(y).shape
+        ((4, 2, 3), (4, 2))
+        """
         sig = bind(self.variables)
         D = self.formula.dim
         return (*sig.batch, sig.N, sig.M) if D == 1 else (*sig.batch, sig.N, sig.M, D)
 
     @property
-    def dtype(self):
+    def dtype(self) -> Any:
+        """The dtype of the wrapped arrays (NumPy or torch); None for a formula of constants.
+
+        >>> Vi(np.zeros((4, 3), dtype=np.float32)).exp().dtype
+        dtype('float32')
+        """
         for v in self.variables:
             if not v.is_scalar:
                 return half.dtype_object(v.data, v.io_dtype) if v.io_dtype else v.data.dtype
@@ -211,7 +268,7 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
     def __bool__(self) -> bool:  # truthy as any object (Python would ask __len__ otherwise)
         return True
 
-    def dense(self, max_bytes: int = materialize.DEFAULT_MAX_BYTES):
+    def dense(self, max_bytes: int = materialize.DEFAULT_MAX_BYTES) -> Array:
         """The dense array of shape ``K.shape`` (chunked; differentiable for torch data), for
         small problems and debugging; refuses above ``max_bytes`` (default 256 MiB).
 
@@ -332,7 +389,7 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
     def __rpow__(self, base):
         return self._operand(base)._build(compositions.powf, self)
 
-    def powf(self, p):
+    def powf(self, p: LazyTensor | Array | float) -> LazyTensor:
         """``self ** p`` for a formula exponent, as C ``pow``: for a negative base and an
         integer-valued exponent, the signed power (NaN for other exponents).
 
@@ -410,19 +467,37 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
             return self._op("slice", params=(start, stop - start))
         raise IndexError(f"LazyTensor indices are ints or slices of the vector dimension, got {key!r}")
 
-    def elem(self, k):
+    def elem(self, k: int) -> LazyTensor:
+        """Component ``k`` of the vector: ``self[k]``, of dimension 1 (pykeops's ``Elem``).
+
+        >>> x = Vi(np.array([[1.0, 3.0, 2.0]]))
+        >>> x.elem(1).dense().tolist()
+        [[3.0]]
+        """
         return self[k]
 
-    def extract(self, start, length):
+    def extract(self, start: int, length: int) -> LazyTensor:
+        """Components ``start`` to ``start + length`` of the vector: ``self[start:start +
+        length]``, of dimension ``length`` (pykeops's ``Extract``).
+
+        >>> x = Vi(np.array([[1.0, 3.0, 2.0]]))
+        >>> x.extract(1, 2).dense().tolist()
+        [[[3.0, 2.0]]]
+        """
         return self._op("slice", params=(start, length))
 
-    def concat(self, other):
+    def concat(self, other: LazyTensor | Array | float) -> LazyTensor:
         return self._op("concat", other)
 
     @staticmethod
-    def concatenate(lazytensors, axis=-1):
+    def concatenate(lazytensors: Sequence[LazyTensor], axis: int = -1) -> LazyTensor:
         """Concatenation of a tuple of LazyTensors along the vector dimension (pykeops's
-        ``LazyTensor.concatenate((x, y, z), -1)``)."""
+        ``LazyTensor.concatenate((x, y, z), -1)``): dimensions D1, D2 ... give their sum.
+
+        >>> x, y = Vi(np.array([[1.0, 3.0, 2.0]])), Vj(np.array([[7.0]]))
+        >>> LazyTensor.concatenate((x, y, x[0])).dense().tolist()
+        [[[1.0, 3.0, 2.0, 7.0, 1.0]]]
+        """
         if not isinstance(lazytensors, (tuple, list)) or not lazytensors:
             raise ValueError("LazyTensor.concatenate takes a non-empty tuple of LazyTensors, got "
                              f"{type(lazytensors).__name__}")
@@ -439,12 +514,23 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
         return out
 
     @staticmethod
-    def cat(lazytensors, dim):
-        """torch-style alias of :meth:`concatenate`."""
+    def cat(lazytensors: Sequence[LazyTensor], dim: int) -> LazyTensor:
+        """torch-style alias of :meth:`concatenate`.
+
+        >>> x, y = Vi(np.array([[1.0, 3.0, 2.0]])), Vj(np.array([[7.0]]))
+        >>> LazyTensor.cat((x, y), dim=-1).ndim
+        4
+        """
         return LazyTensor.concatenate(lazytensors, dim)
 
-    def t(self):
-        """Exchange the roles of i and j (the transposed kernel)."""
+    def t(self) -> LazyTensor:
+        """Exchange the roles of i and j (the transposed kernel): ``(N, M, D)`` becomes
+        ``(M, N, D)``.
+
+        >>> D = Vi(np.array([[0.0], [1.0], [3.0]])).sqdist(Vj(np.array([[0.0], [2.0]])))
+        >>> D.t().dense().tolist()
+        [[0.0, 1.0, 9.0], [4.0, 1.0, 1.0]]
+        """
         variables = [Variable(v.data, ir.swap_cat(v.cat), v.dim, v.label) for v in self.variables]
         out = LazyTensor._new(ir.swap_ij(self.formula), variables)
         if self.ranges is not None:  # the i and j halves of the ranges trade places too
@@ -452,111 +538,199 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
         return out
 
     @property
-    def T(self):
+    def T(self) -> LazyTensor:
+        """The transposed kernel, :meth:`t`.
+
+        >>> (Vi(np.zeros((3, 1))) - Vj(np.zeros((2, 1)))).T.shape
+        (2, 3)
+        """
         return self.t()
 
     # ------------------------------------------------------------------ maths
 
-    def exp(self): return self._op("exp")
-    def log(self): return self._op("log")
-    def sqrt(self): return self._op("sqrt")
-    def rsqrt(self): return self._op("rsqrt")
-    def abs(self): return self._op("abs")
-    def sin(self): return self._op("sin")
-    def cos(self): return self._op("cos")
-    def tan(self): return self._op("tan")
-    def asin(self): return self._op("asin")
-    def acos(self): return self._op("acos")
-    def atan(self): return self._op("atan")
-    def sinh(self): return self._op("sinh")
-    def cosh(self): return self._op("cosh")
-    def tanh(self): return self._op("tanh")
-    def asinh(self): return self._op("asinh")
-    def acosh(self): return self._op("acosh")
-    def atanh(self): return self._op("atanh")
-    def erf(self): return self._op("erf")
-    def erfc(self): return self._op("erfc")
-    def log1p(self): return self._op("log1p")
-    def expm1(self): return self._op("expm1")
-    def sigmoid(self): return self._op("sigmoid")
-    def softplus(self): return self._op("softplus")
-    def logsigmoid(self): return self._op("logsigmoid")
-    def square(self): return self._op("square")
-    def sign(self): return self._op("sign")
-    def step(self): return self._op("step")
-    def relu(self): return self._op("relu")
-    def inv(self): return self._op("inv")
-    def floor(self): return self._op("floor")
-    def ceil(self): return self._op("ceil")
-    def xlogx(self): return self._op("xlogx")
-    def sinxdivx(self): return self._op("sinxdivx")
+    def exp(self) -> LazyTensor: return self._op("exp")
+    def log(self) -> LazyTensor: return self._op("log")
+    def sqrt(self) -> LazyTensor: return self._op("sqrt")
+    def rsqrt(self) -> LazyTensor: return self._op("rsqrt")
+    def abs(self) -> LazyTensor: return self._op("abs")
+    def sin(self) -> LazyTensor: return self._op("sin")
+    def cos(self) -> LazyTensor: return self._op("cos")
+    def tan(self) -> LazyTensor: return self._op("tan")
+    def asin(self) -> LazyTensor: return self._op("asin")
+    def acos(self) -> LazyTensor: return self._op("acos")
+    def atan(self) -> LazyTensor: return self._op("atan")
+    def sinh(self) -> LazyTensor: return self._op("sinh")
+    def cosh(self) -> LazyTensor: return self._op("cosh")
+    def tanh(self) -> LazyTensor: return self._op("tanh")
+    def asinh(self) -> LazyTensor: return self._op("asinh")
+    def acosh(self) -> LazyTensor: return self._op("acosh")
+    def atanh(self) -> LazyTensor: return self._op("atanh")
+    def erf(self) -> LazyTensor: return self._op("erf")
+    def erfc(self) -> LazyTensor: return self._op("erfc")
+    def log1p(self) -> LazyTensor: return self._op("log1p")
+    def expm1(self) -> LazyTensor: return self._op("expm1")
+    def sigmoid(self) -> LazyTensor: return self._op("sigmoid")
+    def softplus(self) -> LazyTensor: return self._op("softplus")
+    def logsigmoid(self) -> LazyTensor: return self._op("logsigmoid")
+    def square(self) -> LazyTensor: return self._op("square")
+    def sign(self) -> LazyTensor: return self._op("sign")
+    def step(self) -> LazyTensor: return self._op("step")
+    def relu(self) -> LazyTensor: return self._op("relu")
+    def inv(self) -> LazyTensor: return self._op("inv")
+    def floor(self) -> LazyTensor: return self._op("floor")
+    def ceil(self) -> LazyTensor: return self._op("ceil")
+    def xlogx(self) -> LazyTensor: return self._op("xlogx")
+    def sinxdivx(self) -> LazyTensor: return self._op("sinxdivx")
 
-    def sinc(self):
-        """``sin(πx) / (πx)`` (1 at 0), as pykeops."""
+    def sinc(self) -> LazyTensor:
+        """``sin(πx) / (πx)`` (1 at 0), componentwise, as pykeops.
+
+        >>> Vi(np.array([[0.0], [0.5]])).sinc().dense().round(4).tolist()
+        [[1.0], [0.6366]]
+        """
         return (self * np.pi).sinxdivx()
-    def atan2(self, other): return self._op("atan2", other)
+    def atan2(self, other: LazyTensor | Array | float) -> LazyTensor:
+        return self._op("atan2", other)
 
-    def round(self, d: int = 0):
-        """Round half away from zero, to ``d`` decimals."""
+    def round(self, d: int = 0) -> LazyTensor:
+        """Round half away from zero, to ``d`` decimals, componentwise.
+
+        >>> Vi(np.array([[1.234], [-2.25]])).round(1).dense().tolist()
+        [[1.2], [-2.3]]
+        """
         return self._build(lambda f: compositions.round_to(f, d))
 
-    def power(self, p):
+    def power(self, p: LazyTensor | Array | float) -> LazyTensor:
+        """``self ** p``, componentwise (see ``__pow__`` and :meth:`powf`).
+
+        >>> Vi(np.array([[-2.0], [3.0]])).power(2).dense().tolist()
+        [[4.0], [9.0]]
+        """
         return self ** p
 
-    def clamp(self, a, b):
-        """``min(max(self, a), b)``; ``a`` and ``b`` are numbers or formulas."""
+    def clamp(self, a: LazyTensor | Array | float, b: LazyTensor | Array | float) -> LazyTensor:
+        """``min(max(self, a), b)``, componentwise; ``a`` and ``b`` are numbers or formulas.
+
+        >>> Vi(np.array([[-2.0], [3.0]])).clamp(-1, 1).dense().tolist()
+        [[-1.0], [1.0]]
+        """
         return self._op("clamp", a, b)
 
-    def clampint(self, a: int, b: int):
+    def clampint(self, a: int, b: int) -> LazyTensor:
+        """:meth:`clamp` to integer bounds (pykeops's ``ClampInt``).
+
+        >>> Vi(np.array([[-2.0], [3.0]])).clampint(0, 2).dense().tolist()
+        [[0.0], [2.0]]
+        """
         return self._op("clamp", int(a), int(b))
 
-    def ifelse(self, a, b):
-        """``a`` where ``self >= 0``, else ``b`` (as pykeops)."""
+    def ifelse(self, a: LazyTensor | Array | float, b: LazyTensor | Array | float) -> LazyTensor:
+        """``a`` where ``self >= 0``, else ``b``, componentwise (as pykeops).
+
+        >>> Vi(np.array([[-2.0], [3.0]])).ifelse(1.0, 0.0).dense().tolist()
+        [[0.0], [1.0]]
+        """
         return self._op("ifelse", a, b)
 
-    def mod(self, modulus, offset=0):
-        """``self - modulus * floor((self - offset) / modulus)``, in ``[offset, offset + modulus)``."""
+    def mod(self, modulus: LazyTensor | Array | float,
+            offset: LazyTensor | Array | float = 0) -> LazyTensor:
+        """``self - modulus * floor((self - offset) / modulus)``, in ``[offset, offset + modulus)``.
+
+        >>> x = Vi(np.array([[-1.0], [5.0]]))
+        >>> x.mod(3).dense().tolist(), x.mod(2, -1).dense().tolist()
+        ([[2.0], [2.0]], [[-1.0], [-1.0]])
+        """
         return self._build(compositions.mod, modulus, offset)
 
-    def one_hot(self, D: int):
-        return self._op("one_hot", params=(int(D),))
+    def one_hot(self, D: int) -> LazyTensor:
+        """The one-hot vector of dimension ``D`` at the rounded value of a scalar formula
+        (all zeros outside ``[0, D)``).
 
-    def sqnorm2(self):
+        >>> Vi(np.array([[0.0], [2.0]])).one_hot(3).dense().tolist()
+        [[[1.0, 0.0, 0.0]], [[0.0, 0.0, 1.0]]]
+        """
+        return self._op("one_hot", params=(D,))
+
+    def sqnorm2(self) -> LazyTensor:
+        """The squared Euclidean norm ``Σ_k x_k²`` of the vector: dimension D gives 1.
+
+        >>> Vi(np.array([[3.0, 4.0], [0.0, 2.0]])).sqnorm2().dense().tolist()
+        [[25.0], [4.0]]
+        """
         return self._build(compositions.sqnorm2)
 
-    def norm2(self):
+    def norm2(self) -> LazyTensor:
+        """The Euclidean norm ``sqrt(Σ_k x_k²)`` of the vector: dimension D gives 1.
+
+        >>> Vi(np.array([[3.0, 4.0], [0.0, 2.0]])).norm2().dense().tolist()
+        [[5.0], [2.0]]
+        """
         return self._build(compositions.norm2)
 
-    def norm(self, dim=-1):
+    def norm(self, dim: int = -1) -> LazyTensor:
+        """:meth:`norm2`, over the vector dimension (``dim=-1``, the only one allowed).
+
+        >>> Vi(np.array([[3.0, 4.0], [0.0, 2.0]])).norm(dim=-1).dense().tolist()
+        [[5.0], [2.0]]
+        """
         if dim not in (-1, self.nbatchdims + 2):
             raise ValueError("norm is taken over the vector dimension (dim=-1)")
         return self.norm2()
 
-    def normalize(self):
+    def normalize(self) -> LazyTensor:
+        """The vector divided by its Euclidean norm (same dimension D).
+
+        >>> Vi(np.array([[3.0, 4.0], [0.0, 2.0]])).normalize().dense().round(4).tolist()
+        [[[0.6, 0.8]], [[0.0, 1.0]]]
+        """
         return self._build(compositions.normalize)
 
-    def sqdist(self, other):
+    def sqdist(self, other: LazyTensor | Array | float) -> LazyTensor:
+        """The squared distance ``Σ_k (x_k - y_k)²``: two vectors of dimension D give 1.
+
+        >>> x = Vi(np.array([[3.0, 4.0], [0.0, 2.0]]))
+        >>> y = Vj(np.array([[0.0, 0.0], [1.0, 1.0]]))
+        >>> x.sqdist(y).dense().tolist()
+        [[25.0, 13.0], [4.0, 2.0]]
+        """
         return self._build(compositions.sqdist, other)
 
-    def weightedsqnorm(self, s):
-        """``Σ s_k x_k²`` (s of dim 1 or D) or ``xᵀ S x`` (s of dim D²)."""
+    def weightedsqnorm(self, s: LazyTensor | Array | float) -> LazyTensor:
+        """``Σ s_k x_k²`` (s of dim 1 or D) or ``xᵀ S x`` (s of dim D², row-major), of
+        dimension 1.
+
+        >>> x = Vi(np.array([[3.0, 4.0], [0.0, 2.0]]))
+        >>> x.weightedsqnorm(Pm(np.array([1.0, 2.0]))).dense().tolist()
+        [[41.0], [8.0]]
+        >>> x.weightedsqnorm(Pm(np.array([2.0, 1.0, 1.0, 2.0]))).dense().tolist()
+        [[74.0], [8.0]]
+        """
         s = s if isinstance(s, LazyTensor) else LazyTensor(s)
         return s._build(compositions.weightedsqnorm, self)
 
-    def weightedsqdist(self, other, s):
+    def weightedsqdist(self, other: LazyTensor | Array | float,
+                       s: LazyTensor | Array | float) -> LazyTensor:
+        """:meth:`weightedsqnorm` of ``self - other``: dimension 1.
+
+        >>> x = Vi(np.array([[3.0, 4.0], [0.0, 2.0]]))
+        >>> y = Vj(np.array([[0.0, 0.0], [1.0, 1.0]]))
+        >>> x.weightedsqdist(y, Pm(np.array([1.0, 2.0]))).dense().tolist()
+        [[41.0, 22.0], [8.0, 3.0]]
+        """
         s = s if isinstance(s, LazyTensor) else LazyTensor(s)
         return s._build(compositions.weightedsqdist, self, other)
 
-    def matvecmult(self, v):
+    def matvecmult(self, v: LazyTensor | Array | float) -> LazyTensor:
         return self._op("matvec", v)
 
-    def vecmatmult(self, v):
+    def vecmatmult(self, v: LazyTensor | Array | float) -> LazyTensor:
         return self._op("vecmat", v)
 
-    def tensorprod(self, v):
+    def tensorprod(self, v: LazyTensor | Array | float) -> LazyTensor:
         return self._op("tensorprod", v)
 
-    def keops_kron(self, other, dimfself, dimfother):
+    def keops_kron(self, other: LazyTensor | Array | float, dimfself: Sequence[int],
+                   dimfother: Sequence[int]) -> LazyTensor:
         """Kronecker product of two tensors stored row-major in the vector dimension.
 
         ``dimfself`` and ``dimfother`` are their shapes (same number of axes); the result
@@ -569,7 +743,9 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
         """
         return self._build(lambda a, b: compositions.kron(a, b, dimfself, dimfother), other)
 
-    def keops_tensordot(self, other, dimfa, dimfb, contfa, contfb, *args):
+    def keops_tensordot(self, other: LazyTensor | Array | float, dimfa: Sequence[int],
+                        dimfb: Sequence[int], contfa: Sequence[int], contfb: Sequence[int],
+                        *args: Sequence[int]) -> LazyTensor:
         """``numpy.tensordot`` of two tensors stored row-major in the vector dimension.
 
         ``dimfa``/``dimfb`` are their shapes, ``contfa``/``contfb`` the axes contracted
@@ -586,8 +762,13 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
         return self._build(
             lambda a, b: compositions.tensordot(a, b, dimfa, dimfb, contfa, contfb, *args), other)
 
-    def difference_matrix(self, other):
-        """``(x_k - y_l)`` for all k, l: an (D1*D2)-vector (row-major)."""
+    def difference_matrix(self, other: LazyTensor | Array | float) -> LazyTensor:
+        """``(x_k - y_l)`` for all k, l: an (D1*D2)-vector (row-major).
+
+        >>> x, y = Vi(np.array([[1.0, 2.0]])), Vj(np.array([[0.0, 1.0, 2.0]]))
+        >>> x.difference_matrix(y).dense().tolist()
+        [[[1.0, 0.0, -1.0, 2.0, 1.0, 0.0]]]
+        """
         D1 = self.formula.dim
         D2 = (other if isinstance(other, LazyTensor) else LazyTensor(other)).formula.dim
         ones1 = LazyTensor(np.ones(D1))
@@ -662,12 +843,12 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
         if io_dtype:
             result = half.cast_outputs(result, io_dtype)
         if out is not None:
-            _copy_into(out, result)
-            return out
+            return copy_into(out, result)
         return result
 
-    def sum(self, dim=None, axis=None, backend="auto", call=True, out=None, grad_mode=None,
-            ranges=None, **opts):
+    def sum(self, dim: int | None = None, axis: int | None = None, backend: str = "auto",
+            call: bool = True, out: Array | None = None, grad_mode: str | None = None,
+            ranges: Any = None, **opts: Any) -> LazyTensor | Reduced:
         """Sum over i (dim=0) or j (dim=1); ``dim=-1`` sums the vector (symbolic).
 
         As in pykeops, ``sum()`` without dim is ``sum(-1)`` (``min``, ``max``, ``argmin`` and
@@ -681,6 +862,16 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
         holding its own rows (:mod:`lazytensor.distributed`; every reduction takes it).
         An empty reduction (no j, or no i for dim=0) gives 0; NaN terms give NaN, +inf and
         -inf terms together give NaN, as in NumPy.
+
+        Shapes: ``(N, M, D)`` gives ``(N, D)`` for ``dim=1`` and ``(M, D)`` for ``dim=0``;
+        ``call=False`` returns the function of new arrays (one per variable) instead.
+
+        >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
+        >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
+        >>> D.sum(dim=1).tolist()
+        [[4.0], [2.0], [10.0]]
+        >>> D.sum(dim=0).tolist()
+        [[10.0], [6.0]]
         """
         if self._vector_dim(dim if axis is None else axis) or (
                 dim is None and axis is None and backend == "auto" and call is True and out is None
@@ -689,78 +880,155 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
         backend, acc, opts = split_reduction_keywords("sum", backend, opts)
         return self._reduce("sum", dim, axis, backend, acc, call, out, grad_mode, ranges, **opts)
 
-    def min(self, dim=None, axis=None, backend="auto", **kw):
+    def min(self, dim: int | None = None, axis: int | None = None, backend: str = "auto",
+            **kw: Any) -> LazyTensor | Reduced:
         """Minimum over i (dim=0) or j (dim=1), per component; ``dim=-1``: over the vector.
 
         An empty reduction gives +inf (``max``: -inf); a NaN term gives NaN, as ``np.min``.
 
-        >>> x, y = np.random.rand(5, 2), np.random.rand(6, 2)
-        >>> Vi(x).sqdist(Vj(y)).min(dim=1).shape
-        (5, 1)
+        Shapes: ``(N, M, D)`` gives ``(N, D)`` for ``dim=1``, ``(M, D)`` for ``dim=0``.
+
+        >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
+        >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
+        >>> D.min(dim=1).tolist()
+        [[0.0], [1.0], [1.0]]
         """
         if self._vector_dim(dim if axis is None else axis) or _no_dim(dim, axis, backend, kw):
             return self._op("vmin")
         backend, opts, kw = split_reduction_keywords("min", backend, kw)
         return self._reduce("min", dim, axis, backend, opts, **kw)
 
-    def max(self, dim=None, axis=None, backend="auto", **kw):
+    def max(self, dim: int | None = None, axis: int | None = None, backend: str = "auto",
+            **kw: Any) -> LazyTensor | Reduced:
+        """Maximum over i (dim=0) or j (dim=1), per component; ``dim=-1``: over the vector.
+
+        An empty reduction gives -inf; a NaN term gives NaN, as ``np.max``. Shapes as
+        :meth:`min`.
+
+        >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
+        >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
+        >>> D.max(dim=1).tolist()
+        [[4.0], [1.0], [9.0]]
+        """
         if self._vector_dim(dim if axis is None else axis) or _no_dim(dim, axis, backend, kw):
             return self._op("vmax")
         backend, opts, kw = split_reduction_keywords("max", backend, kw)
         return self._reduce("max", dim, axis, backend, opts, **kw)
 
-    def argmin(self, dim=None, axis=None, backend="auto", **kw):
+    def argmin(self, dim: int | None = None, axis: int | None = None, backend: str = "auto",
+               **kw: Any) -> LazyTensor | Reduced:
         """Index (int64) of the minimum over i or j: the lowest index among ties, the first
-        NaN's index if there is a NaN (as ``np.argmin``), -1 for an empty reduction."""
+        NaN's index if there is a NaN (as ``np.argmin``), -1 for an empty reduction.
+
+        Shapes as :meth:`min`; ``dim=-1`` gives the index over the vector (as a float).
+
+        >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
+        >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
+        >>> D.argmin(dim=1).tolist()
+        [[0], [0], [1]]
+        """
         if self._vector_dim(dim if axis is None else axis) or _no_dim(dim, axis, backend, kw):
             return self._op("vargmin")
         backend, opts, kw = split_reduction_keywords("argmin", backend, kw)
         return self._reduce("argmin", dim, axis, backend, opts, **kw)
 
-    def argmax(self, dim=None, axis=None, backend="auto", **kw):
+    def argmax(self, dim: int | None = None, axis: int | None = None, backend: str = "auto",
+               **kw: Any) -> LazyTensor | Reduced:
+        """Index (int64) of the maximum over i or j, as :meth:`argmin` (lowest index among
+        ties).
+
+        >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
+        >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
+        >>> D.argmax(dim=1).tolist()
+        [[1], [0], [0]]
+        """
         if self._vector_dim(dim if axis is None else axis) or _no_dim(dim, axis, backend, kw):
             return self._op("vargmax")
         backend, opts, kw = split_reduction_keywords("argmax", backend, kw)
         return self._reduce("argmax", dim, axis, backend, opts, **kw)
 
-    def min_argmin(self, dim=None, axis=None, backend="auto", **kw):
+    def min_argmin(self, dim: int | None = None, axis: int | None = None, backend: str = "auto",
+                   **kw: Any) -> Reduced:
+        """``(min, argmin)`` over i or j in one pass: two arrays of shape ``(N, D)`` for
+        ``dim=1`` (values, int64 indices), as :meth:`min` and :meth:`argmin`; the values are
+        differentiable (through the indices).
+
+        >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
+        >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
+        >>> [a.tolist() for a in D.min_argmin(dim=1)]
+        [[[0.0], [1.0], [1.0]], [[0], [0], [1]]]
+        """
         backend, opts, kw = split_reduction_keywords("min_argmin", backend, kw)
         return self._reduce("min_argmin", dim, axis, backend, opts, **kw)
 
-    def max_argmax(self, dim=None, axis=None, backend="auto", **kw):
+    def max_argmax(self, dim: int | None = None, axis: int | None = None, backend: str = "auto",
+                   **kw: Any) -> Reduced:
+        """``(max, argmax)`` over i or j in one pass, as :meth:`min_argmin`.
+
+        >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
+        >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
+        >>> [a.tolist() for a in D.max_argmax(dim=1)]
+        [[[4.0], [1.0], [9.0]], [[1], [0], [0]]]
+        """
         backend, opts, kw = split_reduction_keywords("max_argmax", backend, kw)
         return self._reduce("max_argmax", dim, axis, backend, opts, **kw)
 
-    def Kmin(self, K, dim=None, axis=None, backend="auto", **kw):
+    def Kmin(self, K: int, dim: int | None = None, axis: int | None = None, backend: str = "auto",
+             **kw: Any) -> Reduced:
         """The K smallest values over i or j, sorted, per component (shape (N, K) or
         (N, K, D)); NaN sorts last (as ``np.sort``), ties keep index order; K must be a
-        positive integer at most the number of reduced points."""
+        positive integer at most the number of reduced points.
+
+        >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
+        >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
+        >>> D.Kmin(2, dim=1).tolist()
+        [[0.0, 4.0], [1.0, 1.0], [1.0, 9.0]]
+        """
         backend, opts, kw = split_reduction_keywords("kmin", backend, kw, {"K": K})
         return self._reduce("kmin", dim, axis, backend, opts, **kw)
 
-    def argKmin(self, K, dim=None, axis=None, backend="auto", **kw):
-        """Indices (int64) of the K smallest values, in the order of :meth:`Kmin`.
+    def argKmin(self, K: int, dim: int | None = None, axis: int | None = None,
+                backend: str = "auto", **kw: Any) -> Reduced:
+        """Indices (int64) of the K smallest values, in the order of :meth:`Kmin`: shape
+        ``(N, K)`` for ``dim=1`` (``(N, K, D)`` for D > 1), the K nearest neighbours of
+        each i for a distance.
 
-        >>> x, y = np.random.rand(5, 2), np.random.rand(6, 2)
-        >>> Vi(x).sqdist(Vj(y)).argKmin(3, dim=1).shape
-        (5, 3)
+        >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
+        >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
+        >>> D.argKmin(2, dim=1).tolist()
+        [[0, 1], [0, 1], [1, 0]]
         """
         backend, opts, kw = split_reduction_keywords("argkmin", backend, kw, {"K": K})
         return self._reduce("argkmin", dim, axis, backend, opts, **kw)
 
-    def Kmin_argKmin(self, K, dim=None, axis=None, backend="auto", **kw):
+    def Kmin_argKmin(self, K: int, dim: int | None = None, axis: int | None = None,
+                     backend: str = "auto", **kw: Any) -> Reduced:
+        """``(Kmin, argKmin)`` in one pass, as :meth:`Kmin` and :meth:`argKmin`.
+
+        >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
+        >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
+        >>> [a.tolist() for a in D.Kmin_argKmin(2, dim=1)]
+        [[[0.0, 4.0], [1.0, 1.0], [1.0, 9.0]], [[0, 1], [0, 1], [1, 0]]]
+        """
         backend, opts, kw = split_reduction_keywords("kmin_argkmin", backend, kw, {"K": K})
         return self._reduce("kmin_argkmin", dim, axis, backend, opts, **kw)
 
-    def logsumexp(self, dim=None, axis=None, weight=None, backend="auto", other=None, **kw):
+    def logsumexp(self, dim: int | None = None, axis: int | None = None,
+                  weight: LazyTensor | Array | float | None = None, backend: str = "auto",
+                  other: LazyTensor | Array | float | None = None, **kw: Any) -> Reduced:
         """``log Σ exp(self)`` (stable); with ``weight`` (or ``other``, as pykeops calls it):
         ``log Σ exp(self) * weight``.
 
-        An empty reduction (or all terms -inf) gives -inf; a NaN term gives NaN.
+        An empty reduction (or all terms -inf) gives -inf; a NaN term gives NaN. Shapes: a
+        scalar formula gives ``(N, 1)`` for ``dim=1``; with a weight of dimension E,
+        ``(N, E)``.
 
-        >>> x, y = np.random.rand(5, 2), np.random.rand(6, 2)
-        >>> (Vi(x) | Vj(y)).logsumexp(dim=1, weight=Vj(np.ones((6, 3)))).shape
-        (5, 3)
+        >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
+        >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
+        >>> (-D).logsumexp(dim=1).round(4).tolist()
+        [[0.0181], [-0.3069], [-0.9997]]
+        >>> (-D).logsumexp(dim=1, weight=Vj(np.array([[1.0], [2.0]]))).round(4).tolist()
+        [[0.036], [0.0986], [-0.3067]]
         """
         if other is not None:
             if weight is not None:
@@ -773,13 +1041,15 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
         return self._with_weight(weight, "logsumexp")._reduce("logsumexp_weight", dim, axis,
                                                               backend, opts, **kw)
 
-    def sumsoftmaxweight(self, weight, dim=None, axis=None, backend="auto", **kw):
+    def sumsoftmaxweight(self, weight: LazyTensor | Array | float, dim: int | None = None,
+                         axis: int | None = None, backend: str = "auto", **kw: Any) -> Reduced:
         """``Σ_j softmax_j(self) weight_j`` for a scalar formula ``self`` (NaN, i.e. 0/0, for
-        an empty reduction).
+        an empty reduction): attention, with shape ``(N, E)`` for a weight of dimension E.
 
-        >>> q, k, v = np.random.rand(5, 2), np.random.rand(6, 2), np.random.rand(6, 3)
-        >>> (Vi(q) | Vj(k)).sumsoftmaxweight(Vj(v), dim=1).shape
-        (5, 3)
+        >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
+        >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
+        >>> (-D).sumsoftmaxweight(Vj(y), dim=1).round(4).tolist()
+        [[0.036], [1.0], [1.9993]]
         """
         backend, opts, kw = split_reduction_keywords("sumsoftmaxweight", backend, kw)
         return self._with_weight(weight, "sumsoftmaxweight")._reduce("sumsoftmaxweight", dim, axis,
@@ -792,24 +1062,76 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
                              f"{self.formula.dim} (reduce it first, e.g. with .sum(-1))")
         return self.concat(weight)
 
-    def max_sumshiftexp(self, dim=None, axis=None, backend="auto", **kw):
+    def max_sumshiftexp(self, dim: int | None = None, axis: int | None = None,
+                        backend: str = "auto", **kw: Any) -> Reduced:
+        """``(m, s)`` with ``m = max_j f`` and ``s = Σ_j exp(f - m)`` for a scalar formula f,
+        side by side: shape ``(N, 2)`` for ``dim=1`` (pykeops's ``Max_SumShiftExp``;
+        ``m + log(s)`` is the log-sum-exp).
+
+        >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
+        >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
+        >>> D.max_sumshiftexp(dim=1).round(4).tolist()
+        [[4.0, 1.0183], [1.0, 2.0], [9.0, 1.0003]]
+        """
         backend, opts, kw = split_reduction_keywords("max_sumshiftexp", backend, kw)
         return self._reduce("max_sumshiftexp", dim, axis, backend, opts, **kw)
 
     # pykeops aliases; the first five always reduce (no vector-dimension default)
-    def sum_reduction(self, dim=None, axis=None, **kw):
+    def sum_reduction(self, dim: int | None = None, axis: int | None = None, **kw: Any) -> Reduced:
+        """:meth:`sum` over i (dim=0) or j (dim=1) (pykeops's name); always a reduction:
+        ``dim=-1`` is an error, not the vector's sum.
+
+        >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
+        >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
+        >>> D.sum_reduction(dim=1).tolist()
+        [[4.0], [2.0], [10.0]]
+        """
         return self.sum(self._index_dim(dim, axis, "sum_reduction"), **kw)
 
-    def min_reduction(self, dim=None, axis=None, **kw):
+    def min_reduction(self, dim: int | None = None, axis: int | None = None, **kw: Any) -> Reduced:
+        """:meth:`min` over i (dim=0) or j (dim=1) (pykeops's name); always a reduction:
+        ``dim=-1`` is an error, not the vector's min.
+
+        >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
+        >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
+        >>> D.min_reduction(dim=1).tolist()
+        [[0.0], [1.0], [1.0]]
+        """
         return self.min(self._index_dim(dim, axis, "min_reduction"), **kw)
 
-    def max_reduction(self, dim=None, axis=None, **kw):
+    def max_reduction(self, dim: int | None = None, axis: int | None = None, **kw: Any) -> Reduced:
+        """:meth:`max` over i (dim=0) or j (dim=1) (pykeops's name); always a reduction:
+        ``dim=-1`` is an error, not the vector's max.
+
+        >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
+        >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
+        >>> D.max_reduction(dim=1).tolist()
+        [[4.0], [1.0], [9.0]]
+        """
         return self.max(self._index_dim(dim, axis, "max_reduction"), **kw)
 
-    def argmin_reduction(self, dim=None, axis=None, **kw):
+    def argmin_reduction(self, dim: int | None = None, axis: int | None = None, **kw: Any
+                         ) -> Reduced:
+        """:meth:`argmin` over i (dim=0) or j (dim=1) (pykeops's name); always a reduction:
+        ``dim=-1`` is an error, not the vector's argmin.
+
+        >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
+        >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
+        >>> D.argmin_reduction(dim=1).tolist()
+        [[0], [0], [1]]
+        """
         return self.argmin(self._index_dim(dim, axis, "argmin_reduction"), **kw)
 
-    def argmax_reduction(self, dim=None, axis=None, **kw):
+    def argmax_reduction(self, dim: int | None = None, axis: int | None = None, **kw: Any
+                         ) -> Reduced:
+        """:meth:`argmax` over i (dim=0) or j (dim=1) (pykeops's name); always a reduction:
+        ``dim=-1`` is an error, not the vector's argmax.
+
+        >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
+        >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
+        >>> D.argmax_reduction(dim=1).tolist()
+        [[1], [0], [0]]
+        """
         return self.argmax(self._index_dim(dim, axis, "argmax_reduction"), **kw)
 
     def _index_dim(self, dim, axis, name):
@@ -826,11 +1148,16 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
     sumsoftmaxweight_reduction = sumsoftmaxweight
     max_sumshiftexp_reduction = max_sumshiftexp
 
-    def grad(self, v: LazyTensor, gradin) -> LazyTensor:
+    def grad(self, v: LazyTensor, gradin: LazyTensor | Array) -> LazyTensor:
         """Symbolic ``(∂self/∂v)ᵀ gradin`` as a LazyTensor (as pykeops ``.grad``).
 
         ``v`` is a LazyTensor leaf of this formula; ``gradin`` an i-indexed array (or
-        LazyTensor) of this formula's dimension.
+        LazyTensor) of this formula's dimension. The result has v's dimension; its sum over
+        j is the gradient of ``(self.sum(dim=1) * gradin).sum()`` in an i-variable v.
+
+        >>> x, y = Vi(np.array([[0.0], [1.0]])), Vj(np.array([[0.0], [1.0], [2.0]]))
+        >>> ((x - y) ** 2).grad(x, np.ones((2, 1))).sum(dim=1).tolist()   # Σ_j 2 (x_i - y_j)
+        [[-6.0], [0.0]]
         """
         from .codegen import diff
 
@@ -851,7 +1178,7 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
 
     # ------------------------------------------------------------------ linear algebra
 
-    def solve(self, b, alpha=0.0, eps=1e-6, **kwargs):
+    def solve(self, b: Array, alpha: float = 0.0, eps: float = 1e-6, **kwargs: Any) -> Array:
         """``x`` with ``(alpha I + K) x = b`` by conjugate gradient (K symmetric positive).
 
         >>> x = np.random.rand(100, 2)
@@ -864,18 +1191,45 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
         return linear_solve.solve(self, b, alpha=alpha, eps=eps, **kwargs)
 
     # scipy.sparse.linalg.aslinearoperator(K) reads shape, dtype, matvec, rmatvec, rmatmat.
-    def matvec(self, v):
-        """``K @ v`` for a NumPy vector, cast to K's dtype (the LinearOperator protocol)."""
+    def matvec(self, v: Array) -> Array:
+        """``K @ v`` for a NumPy vector, cast to K's dtype (the LinearOperator protocol):
+        ``(M,)`` gives ``(N,)``.
+
+        >>> x = np.array([[0.0], [1.0], [3.0]])
+        >>> K = (-Vi(x).sqdist(Vj(x))).exp()
+        >>> K.matvec(np.ones(3)).round(4).tolist()
+        [1.368, 1.3862, 1.0184]
+        """
         return self @ _cast_like(v, self.dtype)
 
-    def rmatvec(self, v):
-        """``Kᵀ @ v``."""
+    def rmatvec(self, v: Array) -> Array:
+        """``Kᵀ @ v`` (the LinearOperator protocol): ``(N,)`` gives ``(M,)``.
+
+        >>> x = np.array([[0.0], [1.0], [3.0]])
+        >>> K = (-Vi(x).sqdist(Vj(x))).exp()
+        >>> K.rmatvec(np.ones(3)).round(4).tolist()
+        [1.368, 1.3862, 1.0184]
+        """
         return self.T @ _cast_like(v, self.dtype)
 
-    def matmat(self, v):
+    def matmat(self, v: Array) -> Array:
+        """``K @ v`` for a NumPy matrix (the LinearOperator protocol): ``(M, E)`` gives
+        ``(N, E)``.
+
+        >>> x = np.array([[0.0], [1.0], [3.0]])
+        >>> (-Vi(x).sqdist(Vj(x))).exp().matmat(np.ones((3, 2))).shape
+        (3, 2)
+        """
         return self @ _cast_like(v, self.dtype)
 
-    def rmatmat(self, v):
+    def rmatmat(self, v: Array) -> Array:
+        """``Kᵀ @ v`` for a NumPy matrix (the LinearOperator protocol): ``(N, E)`` gives
+        ``(M, E)``.
+
+        >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
+        >>> (-Vi(x).sqdist(Vj(y))).exp().rmatmat(np.ones((3, 4))).shape
+        (2, 4)
+        """
         return self.T @ _cast_like(v, self.dtype)
 
 
@@ -901,13 +1255,6 @@ def _describe_operand(lt: LazyTensor) -> str:
     return f"{text} ({', '.join(arrays)})" if arrays else text
 
 
-def _copy_into(out, result):
-    if is_torch(out):
-        out.copy_(result)
-    else:
-        np.copyto(out, result)
-
-
 def _symbolic(call: str, dim, helper: str):
     """pykeops's symbolic variables ``Vi(index, dim)`` (bound when a ``call=False`` reduction
     is called) are not supported: say so rather than build a constant."""
@@ -921,22 +1268,41 @@ def _is_int(v) -> bool:
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
-def Vi(x, label: str = "") -> LazyTensor:
-    """An i-indexed variable from a 2D array (N, D) (or 1D (N,))."""
+def Vi(x: Array | Sequence[Sequence[float]], label: str = "") -> LazyTensor:
+    """An i-indexed variable from a 2D array (N, D) (or 1D (N,)): a LazyTensor of shape
+    ``(N, 1, D)``.
+
+    >>> x = Vi(np.array([[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]))
+    >>> x.shape, x.ndim
+    ((3, 1, 2), 2)
+    """
     if _is_int(x) and _is_int(label):
         _symbolic(f"Vi({x}, {label})", label, "Vi")
     return LazyTensor(x, axis=0, label=label)
 
 
-def Vj(x, label: str = "") -> LazyTensor:
-    """A j-indexed variable from a 2D array (M, D) (or 1D (M,))."""
+def Vj(x: Array | Sequence[Sequence[float]], label: str = "") -> LazyTensor:
+    """A j-indexed variable from a 2D array (M, D) (or 1D (M,)): a LazyTensor of shape
+    ``(1, M, D)``.
+
+    >>> y = Vj(np.array([0.0, 2.0]))
+    >>> y.shape, (Vi(np.zeros((3, 1))) - y).shape
+    ((1, 2), (3, 2))
+    """
     if _is_int(x) and _is_int(label):
         _symbolic(f"Vj({x}, {label})", label, "Vj")
     return LazyTensor(x, axis=1, label=label)
 
 
-def Pm(x, label: str = "") -> LazyTensor:
-    """A parameter from a number or a 1D array (D,)."""
+def Pm(x: Array | Sequence[float] | float, label: str = "") -> LazyTensor:
+    """A parameter from a number or a 1D array (D,): the same for every i and j.
+
+    >>> x = Vi(np.array([[1.0, 2.0], [3.0, 4.0]]))
+    >>> (x * Pm(np.array([10.0, 0.0]))).sum(-1).dense().tolist()
+    [[10.0], [30.0]]
+    >>> (x.sqnorm2() * Pm(0.5)).dense().tolist()
+    [[2.5], [12.5]]
+    """
     if _is_int(x) and _is_int(label):
         _symbolic(f"Pm({x}, {label})", label, "Pm")
     if isinstance(x, numbers.Number):

@@ -18,10 +18,11 @@ transposed pattern): the six arrays must describe the same pairs both ways, as
 Semantics, where pykeops leaves them open: rows outside every block, and blocks without
 intervals, get the value of an empty reduction (0 for sums, +inf and index -1 for min,
 -inf for max and log-sum-exp); a block that reduces over fewer than K points in a K-min
-pads with +inf and index -1 (K may exceed the number of points). Blocks may come in any
-order but must not overlap. Indices returned by arg-reductions are global (into the full
-j or i array). With batch dimensions, the same ranges apply in every batch element
-(pykeops refuses batch dimensions with ranges).
+pads with +inf and index -1 (K itself must not exceed the number of points, M for a
+reduction over j: as without ranges, a larger K is refused). Blocks may come in any order
+but must not overlap. Indices returned by arg-reductions are global (into the full j or i
+array). With batch dimensions, the same ranges apply in every batch element (pykeops
+refuses batch dimensions with ranges).
 
 The kernels take the pattern as data (:class:`BlockRanges`: blocks of rows with their
 lists of intervals) and run every (piece of a block, its intervals) as a work item of one

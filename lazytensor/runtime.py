@@ -42,33 +42,72 @@ def get_cpu_kernel(spec: KernelSpec) -> "CpuKernel":
     return load_once(_table, spec, lambda: _load_or_build_cpu(spec))
 
 
-# The CPU kernel keeps a tile of formula values (F x TJ, TJ >= 8), one pair's value and
-# the accumulators on the stack of each thread: beyond a few MB a thread's stack (8 MB by
-# default, for the main thread, Python threads and OpenMP workers alike) overflows and the
-# process dies. Such formulas are refused before compiling, with a message that says why.
+# Each thread that runs a CPU kernel holds its work on its stack (the tile of terms, the
+# formula's node arrays that fit, the accumulators; see codegen.cpu.stack): beyond the
+# thread's stack (8 MB by default for the main thread, Python threads and OpenMP workers
+# alike; less where ulimit -s, threading.stack_size or OMP_STACKSIZE say so) the process
+# dies. Such formulas are refused before compiling, with a message that says why. The
+# values too large for the stack live in a per-thread heap buffer, within _HEAP_BUDGET.
 _STACK_BUDGET = 6 << 20
+_HEAP_BUDGET = 1 << 30
 
 
-def _stack_bytes(spec: KernelSpec) -> int:
-    """A rough estimate of the kernel's stack use per thread (measured: F = 80 000 sums run,
-    100 000 crash; an accumulator of K*F = 300 000 runs, 600 000 crashes)."""
-    size = 4 if spec.dtype == "float32" else 8
-    F = spec.formula.dim
-    widest = max(o.dim for o in reductions.get(spec.reduction).outputs(F, spec.opts_dict))
-    return size * 9 * F + 16 * widest  # tile and value; value (or sum) and index per output
+def _omp_stacksize() -> int | None:
+    """Bytes of ``$OMP_STACKSIZE`` (or ``$GOMP_STACKSIZE``): a number with an optional
+    B/K/M/G suffix, kilobytes by default; None when unset or unreadable."""
+    text = (os.environ.get("OMP_STACKSIZE") or os.environ.get("GOMP_STACKSIZE") or "").strip()
+    if not text:
+        return None
+    units = {"B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    unit = units.get(text[-1].upper())
+    try:
+        return int(text[:-1] if unit else text) * (unit or 1024)
+    except ValueError:
+        return None
+
+
+def stack_budget() -> int:
+    """Bytes of stack a CPU kernel may use per thread: 3/4 of the smallest stack its threads
+    can have (``ulimit -s``, ``threading.stack_size()``, ``$OMP_STACKSIZE``), at most 6 MB."""
+    sizes = [_STACK_BUDGET * 4 // 3]
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_STACK)[0]
+        if soft != resource.RLIM_INFINITY and soft > 0:
+            sizes.append(soft)
+    except (ImportError, OSError, ValueError):  # pragma: no cover - not POSIX
+        pass
+    import threading
+
+    if threading.stack_size():
+        sizes.append(threading.stack_size())
+    omp = _omp_stacksize()
+    if omp:
+        sizes.append(omp)
+    return min(sizes) * 3 // 4
 
 
 def check_stack(spec: KernelSpec) -> None:
-    """Raise ValueError for a kernel too large for a thread's stack."""
-    need = _stack_bytes(spec)
-    if need > _STACK_BUDGET:
-        opts = f" with {', '.join(f'{k}={v}' for k, v in spec.opts)}" if spec.opts else ""
+    """Raise ValueError for a kernel too large for a thread's stack, or whose intermediate
+    values need more than 1 GB per thread (before anything is compiled)."""
+    from .codegen.cpu.stack import cpu_kernel_memory
+
+    mem = cpu_kernel_memory(spec.formula, list(spec.var_specs), spec.reduction,
+                            spec.opts_dict, spec.dtype, dot_tiling_enabled(), spec.ranged)
+    budget = stack_budget()
+    opts = f" with {', '.join(f'{k}={v}' for k, v in spec.opts)}" if spec.opts else ""
+    what = (f"formula too large for a CPU kernel: {spec.reduction}{opts} of a formula of "
+            f"dimension {spec.formula.dim}")
+    if mem.stack > budget:
         raise ValueError(
-            f"formula too large for a CPU kernel: {spec.reduction}{opts} of a formula of "
-            f"dimension {spec.formula.dim} needs about {need >> 20} MB of stack per thread "
-            f"(at most {_STACK_BUDGET >> 20} MB); reduce fewer components at once (slice the "
-            "formula, or use a smaller K)"
-        )
+            f"{what} needs about {-(-mem.stack >> 20)} MB of stack per thread (at most "
+            f"{budget / (1 << 20):.1f} MB here; most of it for its {mem.largest_part()}); "
+            "reduce fewer components at once (slice the formula, or use a smaller K)")
+    if mem.heap > _HEAP_BUDGET:
+        raise ValueError(
+            f"{what} needs {mem.heap >> 20} MB per thread for its intermediate values (at "
+            f"most {_HEAP_BUDGET >> 20} MB); split it into smaller pieces")
 
 
 def cpu_backend() -> Backend:

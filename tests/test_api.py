@@ -398,18 +398,24 @@ def test_call_false_returns_reusable_callable(rng):
     F = (-Vi(x).sqdist(Vj(y))).exp() * Vj(b)
     fn = F.sum(dim=1, call=False)
     assert callable(fn)
-    want = np.exp(-((x[:, None] - y[None]) ** 2).sum(-1)) @ b
-    np.testing.assert_allclose(fn(), want, rtol=1e-12)
-    np.testing.assert_allclose(fn(), want, rtol=1e-12)
+    K = np.exp(-((x[:, None] - y[None]) ** 2).sum(-1))
+    want = K @ b
+    # float64 sums in another order than NumPy's: a row whose terms cancel differs by
+    # a few ulps of the sum of their magnitudes, not of the result
+    atol = 1e-14 * (K @ np.abs(b)).max()
+    np.testing.assert_allclose(fn(), want, rtol=1e-12, atol=atol)
+    np.testing.assert_allclose(fn(), want, rtol=1e-12, atol=atol)
     # new data of other sizes, in variable order (x, y, b)
     x2, y2, b2 = (
         rng.standard_normal((4, 3)),
         rng.standard_normal((20, 3)),
         rng.standard_normal((20, 1)),
     )
-    want2 = np.exp(-((x2[:, None] - y2[None]) ** 2).sum(-1)) @ b2
-    np.testing.assert_allclose(fn(x2, y2, b2), want2, rtol=1e-12)
-    np.testing.assert_allclose(fn(x2, y2, b2, backend="numpy"), want2, rtol=1e-12)
+    K2 = np.exp(-((x2[:, None] - y2[None]) ** 2).sum(-1))
+    want2 = K2 @ b2
+    atol2 = 1e-14 * (K2 @ np.abs(b2)).max()
+    np.testing.assert_allclose(fn(x2, y2, b2), want2, rtol=1e-12, atol=atol2)
+    np.testing.assert_allclose(fn(x2, y2, b2, backend="numpy"), want2, rtol=1e-12, atol=atol2)
     k = (Vi(x).sqdist(Vj(y))).argKmin(2, dim=1, call=False)
     np.testing.assert_array_equal(
         k(x2, y2), np.argsort(((x2[:, None] - y2[None]) ** 2).sum(-1), 1, kind="stable")[:, :2]

@@ -112,7 +112,8 @@ OP_CASES = {
     "inv": lambda u, v: _pos(u + v).inv(), "rsqrt": lambda u, v: _pos(u * v).rsqrt(),
     "sigmoid": lambda u, v: (u * v).sigmoid(), "softplus": lambda u, v: (u - v).softplus(),
     "logsigmoid": lambda u, v: (u * v).logsigmoid(), "xlogx": lambda u, v: _pos(u - v).xlogx(),
-    "sinxdivx": lambda u, v: (_pos(u * v) + 0.1).sinxdivx(), "abs": lambda u, v: (u - v).abs(),
+    "sinxdivx": lambda u, v: (_pos(u * v) + 0.1).sinxdivx(),
+    "softmax_weight": lambda u, v: (u * v)._op("softmax_weight", u + v, params=(True,)), "abs": lambda u, v: (u - v).abs(),
     "relu": lambda u, v: (u - v).relu(), "ifelse": lambda u, v: (u - v).ifelse(u * v, (u + v).exp()),
     "min2": lambda u, v: u._op("min2", v * 2), "max2": lambda u, v: u._op("max2", v * 2),
     "clamp": lambda u, v: (u * v).clamp(-0.3, 0.4),
@@ -161,7 +162,8 @@ def test_elementwise_partials_exist_for_sympy_ops():
         if not ops.get(name).differentiable:
             continue
         args = [ir.var(k, 2, "i") for k in range(opdef.arity)]
-        node = ops.apply(name, *args, params=(1.5,) if name == "pow" else ())
+        params = {"pow": (1.5,), "softmax_weight": (True,)}.get(name, ())
+        node = ops.apply(name, *args, params=params)
         parts = partial_derivatives(node)
         assert len(parts) == opdef.arity
 

@@ -35,7 +35,9 @@ def test_each_suite_plans_its_tables_and_all_plans_every_table():
     assert "call overheads" in core and "peak memory" in core
     assert grad == ["gradient D = 3", "gradient D = 64"]
     assert "Gaussian D = 256" in cpu and "vector-valued terms" in cpu
-    assert set(_titles("all")) == set(core) | set(grad) | set(cpu)
+    dual, gpytorch = _titles("dual"), _titles("gpytorch")
+    assert dual == ["fused gradients"] and gpytorch == ["GPyTorch-shaped products"]
+    assert set(_titles("all")) == set(core) | set(grad) | set(cpu) | set(dual) | set(gpytorch)
     assert len(_titles("all")) == len(set(_titles("all")))
 
 

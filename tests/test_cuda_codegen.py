@@ -50,6 +50,7 @@ SPECIAL = {
     "matmul": lambda: A("matmul", MAT, X, params=(3,)),
     "gather": lambda: A("gather", A("mul", X, Y), params=((2, 0, 0, 1),)),
     "scatter": lambda: A("scatter", A("sub", X, Y), params=((3, 0, 3), 5)),
+    "softmax_weight": lambda: A("softmax_weight", A("sub", X, Y), P, params=(True,)),
 }
 
 

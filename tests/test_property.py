@@ -194,6 +194,7 @@ OPS: dict[str, OpKind] = {
     "vecmat": OpKind("vecmat", ("any", "any"), _b(lambda a, b: 4 * a * b)),
     "tensorprod": OpKind("tensorprod", ("any", "any"), _b(lambda a, b: a * b)),
     "matmul": OpKind("matmul", ("any", "any"), lambda bs, p: p[0] * bs[0] * bs[1]),
+    "softmax_weight": OpKind("softmax_weight", ("any", "any"), _b(lambda a, b: _E ** (a + b))),
     "powf": OpKind("broadcast", ("pos", "unit"),
                    _b(lambda a, b: math.exp(min(abs(b) * math.log(a), 30.0)))),
 }
@@ -253,12 +254,12 @@ def _operand_dims(draw, kind: OpKind, dim: int):
     if s == "same" or s == "pow":
         params = (draw(st.sampled_from(POW_EXPONENTS)),) if s == "pow" else ()
         return [dim], params
-    if s == "broadcast":
+    if s in ("broadcast", "softmax_weight"):  # the latter: exp(a - b), with or without limit
         n = len(kind.domains)
         dims = [draw(st.sampled_from([1, dim])) for _ in range(n)]
         if dim > 1 and dim not in dims:
             dims[draw(st.integers(0, n - 1))] = dim
-        return dims, ()
+        return dims, (draw(st.booleans()),) if s == "softmax_weight" else ()
     if s == "to_scalar":
         return [draw(st.integers(1, 4))], ()
     if s == "expand":

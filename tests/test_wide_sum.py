@@ -42,6 +42,31 @@ def test_matmul_wide_values(E, dtype, rtol, N, M, rng):
     assert np.all(np.abs(out - want) <= rtol * scale + 1e-30)
 
 
+def test_kernels_with_dot_products_sum_several_rows_at_once():
+    x, y, v = ir.var(0, 64, "i"), ir.var(1, 64, "j"), ir.var(2, 40, "j")
+    k = ops.apply("exp", ops.apply("neg", ops.apply("sum", ops.apply("square", ops.apply("sub", x, y)))))
+    src = render_cpu_kernel(ops.apply("mul", k, v), [VarSpec(0, 64, "i"), VarSpec(1, 64, "j"),
+                                                     VarSpec(2, 40, "j")], "sum", {}, "float32")
+    assert "lt_dot64" in src and "lt_wblock(" in src and "LtWsumRows<40, 40, 0, 6>" in src
+
+
+@pytest.mark.parametrize("dtype,rtol", [("float32", 2e-5), ("float64", 1e-12)])
+@pytest.mark.parametrize("E", [17, 64, 70])
+@pytest.mark.parametrize("scheme", ["block_sum", "kahan_scheme"])
+def test_matmul_wide_values_with_dot_products(E, dtype, rtol, scheme, rng):
+    """D = 64: row blocks of LT_R rows, their weighted sums 6 rows at a time and the odd
+    rows (N = 41) one by one; E = 17 and 70 leave a tail of components."""
+    N, M, D = 41, 530, 64
+    x = (rng.random((N, D)) * 0.3).astype(dtype)
+    y = (rng.random((M, D)) * 0.3).astype(dtype)
+    V = rng.standard_normal((M, E)).astype(dtype)
+    out = ((-Vi(x).sqdist(Vj(y)) / 2.0).exp() * Vj(V)).sum(1, sum_scheme=scheme)
+    K = _gauss(x.astype(np.float64), y.astype(np.float64), 2.0)
+    want = K @ V.astype(np.float64)
+    scale = K @ np.abs(V.astype(np.float64))
+    assert np.all(np.abs(np.asarray(out) - want) <= rtol * scale + 1e-30)
+
+
 @pytest.mark.parametrize("scheme", ["direct_sum", "block_sum", "kahan_scheme"])
 def test_combinations_schemes_and_batches(scheme, rng):
     B, N, M, D, E = 2, 40, 333, 20, 24

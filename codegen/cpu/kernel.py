@@ -53,22 +53,32 @@ True
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .. import ir, reductions
-from ..linearize import wide_sum
+from ..footprint import FUNCTION_STACK_BYTES, Storage, check_dims, function_footprint
+from ..linearize import Linear, wide_sum
 from ..render_c import prelude, render_formula, render_function, render_shared
 from . import HEADER_WORDS
 from .gemm import dot_kernel, dot_micro, sqdist_fix
 from .layout import Layout, stage_chunk
-from .plan import plan_cpu
-from .simd import cpu_renames, prelude_defs, vector_header
-from .wide import wide_acc_code, wide_call, wide_softmax_acc_code
+from .plan import CpuPlan, plan_cpu
+from .simd import cpu_renames, heap_defs, prelude_defs, vector_header
+from .wide import wide_acc_code, wide_block_call, wide_call, wide_softmax_acc_code
 
 L2_CHUNK_BYTES = 262144  # staged j-data of one chunk, reused by every row block of an item
 # With dot products every micro-kernel call streams its panel from the chunk, so the chunk
 # must stay in L2 next to the row block: half of the smallest common L2 (256 KB). The same
 # speed as 256 KB where L2 is 2 MB (measured, D = 256).
 DOT_CHUNK_BYTES = 131072
+# Sums add the terms of several tiles lane by lane before summing the lanes (a float sum
+# of LANE_TERMS / TJ terms per lane, then of the TJ lanes, then into the wide accumulator):
+# one pass over the tile buffer per 2048 terms instead of per tile, whose serial sums were
+# a quarter of the instructions of a 4-component sum (fused gradient of a Gaussian, D = 3).
+LANE_TERMS = 2048
 MAX_ROWS_PER_ITEM = 256  # rows of a work item (fewer when N is small or Acc is large)
+# Node values: the largest in the per-thread heap (simd.heap_defs), arrays aligned for AVX.
+CPU_STORAGE = Storage("lt_heap.p", 64)
 
 
 _ACC_TMP = f"""
@@ -100,14 +110,27 @@ def tile_size(F: int, dtype: str) -> int:
     return tj
 
 
-def _row_block(L: Layout, F: int, R: int, after_tile: str = "", gather: set | None = None) -> str:
+def _row_block(L: Layout, F: int, R: int, after_tile: str = "", lanes: int = 0,
+               after_rows: str = "", heap_len: int = 0, gather: set | None = None) -> str:
     """``lt_rows``: rows [i0, i1) against a list of column intervals into ``accs``
     (``after_tile``: a statement run after each ``Acc::tile`` on ``A[i - i0]``, see
     :mod:`lazytensor.codegen.cpu.wide`). ``gather`` (the indices of the variables the
     planned formula reads): the columns of consecutive intervals are staged together,
-    chunk after chunk (see :func:`_gather_loop`)."""
+    chunk after chunk (see :func:`_gather_loop`).
+
+    ``after_rows``: a statement run once the block's rows have their tiles (each row its
+    own tile buffer ``fb + r * F * TJ``), for the weighted sums of several rows at once.
+
+    ``lanes`` > 0 (a sum, one row per block): the pair loop adds its terms into ``fb``
+    lane by lane, and ``Acc::tile`` sums the lanes once every ``lanes`` tiles (and at the
+    end of a chunk) instead of once per tile. ``heap_len``: values of the per-thread heap
+    buffer the formula functions use."""
     ptr_args = ", ".join(f"const T* __restrict__ P{v.index}" for v in L.orig)
-    decl = [f"  alignas(64) T fb[{F} * TJ];"]
+    decl = [f"  alignas(64) T fb[{R if after_rows else 1} * {F} * TJ];"]
+    if lanes:
+        decl.append(f"  for (int q = 0; q < {F} * TJ; ++q) fb[q] = 0;")
+    if heap_len:
+        decl.append(f"  if (!lt_heap.reserve({heap_len})) return 1;")
     nrv = L.n_row_values
     # The work buffer: the chunk's staged and packed j-data; with dot products, also the
     # item's rows, packed once (not once per chunk) in blocks of R, their norms and their
@@ -159,7 +182,7 @@ def _row_block(L: Layout, F: int, R: int, after_tile: str = "", gather: set | No
         if L.dots:
             decl.append(f"  T (* const H)[{nrv}] = (T (*)[{nrv}])({at});")
         else:
-            decl.append(f"  T H[{R}][{nrv}];")
+            decl.append(f"  alignas(64) T H[{R}][{nrv}];")
         # the rows of block ig: all the item's rows are kept with dot products
         block_ptrs.insert(0, f"      T (* const Hb)[{nrv}] = H{' + (ig - i0)' if L.dots else ''};")
     row_in = [v for v in L.orig if v.cat in ("i", "p")]
@@ -216,26 +239,73 @@ def _row_block(L: Layout, F: int, R: int, after_tile: str = "", gather: set | No
         else:  # a j-variable of dimension 1 (or one the formula does not read): in place
             jloads.append(f"            const T* y{k} = P{k} + (j0 + jj) * {v.dim};")
             call.append(f"y{k}")
+    if after_rows:
+        row_ptrs.append(f"          T* const fbr = fb + (size_t)r * {F} * TJ;")
+    fbuf = "fbr" if after_rows else "fb"
     if L.wide:
         # Vectors wider than WIDE: one pair at a time, each op of the formula a loop that
         # vectorizes along the vector, and the reduction's push (also a vector loop).
         pair_loop = f"""          for (int jj = 0; jj < nj; ++jj) {{
 {nl.join(jloads)}
-            T o[{F}];
+            alignas(64) T o[{F}];
             lt_formula({", ".join(call)}, o);
             A[i - i0].push(o, j0 + jj);
           }}"""
     else:
-        pair_loop = f"""          // GCC ivdep, not omp simd: omp simd privatizes the local arrays before inlining
+        if lanes:
+            store = "fb[k * TJ + jj] += o[k]"
+            hand_over = f"""          if ((j0 - c0) / TJ % {lanes} == {lanes - 1} || j0 + TJ >= c1) {{
+            A[i - i0].tile(fb, TJ, j0);
+            for (int q = 0; q < {F} * TJ; ++q) fb[q] = 0;
+          }}"""
+        else:
+            store = f"{fbuf}[k * TJ + jj] = o[k]"
+            hand_over = f"          A[i - i0].tile({fbuf}, nj, j0);{after_tile}"
+        loop = f"""          // GCC ivdep, not omp simd: omp simd privatizes the local arrays before inlining
           // and then fails to vectorize; with ivdep they are scalarized and it vectorizes.
           #pragma GCC ivdep
-          for (int jj = 0; jj < nj; ++jj) {{
+          for (int jj = @START@; jj < nj; ++jj) {{
 {nl.join(jloads)}
             T o[{F}];
             lt_formula({", ".join(call)}, o);
-            for (int k = 0; k < {F}; ++k) fb[k * TJ + jj] = o[k];
+            for (int k = 0; k < {F}; ++k) {store};
+          }}"""
+        if lanes:
+            # Whole vectors of pairs add into F vector accumulators kept in registers
+            # across the tile, the rest into fb; the accumulators then join fb's first
+            # lanes. fb's load, add and store per term were a fifth of a fused gradient's
+            # time (Gaussian D = 3, AVX-512: 8.6 -> 8.3 ms, 7.9 without LT_ROUNDED). LT_ROUNDED:
+            # each term rounded before it is added, in every kernel alike (GCC would
+            # contract a last product into the sum where nothing else reads it: a fused
+            # forward would then differ from the plain one in the last bits).
+            vec_loads = nl.join(["    " + j for j in jloads])
+            pair_loop = f"""#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define LT_ROUNDED(v) __asm__("" : "+x"(v))
+#else
+#define LT_ROUNDED(v) (void)0
+#endif
+          lt_vec la[{F}];
+          for (int k = 0; k < {F}; ++k) la[k] = lt_vec{{}};
+          int jv = 0;
+          for (; jv + LT_W <= nj; jv += LT_W) {{
+            alignas(64) T ob[{F}][LT_W];
+            #pragma GCC ivdep
+            for (int l = 0; l < LT_W; ++l) {{
+              const int jj = jv + l;
+{vec_loads}
+              T o[{F}];
+              lt_formula({", ".join(call)}, o);
+              for (int k = 0; k < {F}; ++k) ob[k][l] = o[k];
+            }}
+            for (int k = 0; k < {F}; ++k) {{ lt_vec t; memcpy(&t, ob[k], sizeof t); LT_ROUNDED(t); la[k] += t; }}
           }}
-          A[i - i0].tile(fb, nj, j0);{after_tile}"""
+{loop.replace("@START@", "jv")}
+          for (int k = 0; k < {F}; ++k) {{
+            lt_vec t; memcpy(&t, fb + k * TJ, sizeof t); t += la[k]; memcpy(fb + k * TJ, &t, sizeof t);
+          }}
+{hand_over}"""
+        else:
+            pair_loop = loop.replace("@START@", "0") + "\n" + hand_over
     rows_of_chunk = f"""    for (int64_t ig = i0; ig < i1; ig += {R}) {{
       const int nr = (int)((i1 - ig) < {R} ? (i1 - ig) : {R});
 {nl.join(block_ptrs)}
@@ -249,7 +319,7 @@ def _row_block(L: Layout, F: int, R: int, after_tile: str = "", gather: set | No
           const int64_t i = ig + r;
 {nl.join(row_ptrs)}
 {pair_loop}
-        }}
+        }}{after_rows}
       }}
     }}"""
     head = f"""
@@ -362,6 +432,65 @@ def _item_pointers(L: Layout) -> str:
     return ", ".join(out)
 
 
+@dataclass(frozen=True)
+class KernelShape:
+    """What :func:`render_cpu_kernel` decides before it emits code: the planned formula
+    (``lin.narrow`` when ``lin``, the weighted-sum form, is taken), its layout, the tile
+    and chunk lengths, and the generated functions that evaluate IR (name, roots,
+    variables), whose values may live in the per-thread heap (:mod:`..footprint`)."""
+
+    plan: CpuPlan
+    layout: Layout
+    lin: Linear | None
+    tj: int
+    jch: int
+    functions: tuple
+    dtype: str
+
+    def footprints(self) -> dict:
+        """{function name: its :class:`~lazytensor.codegen.footprint.Footprint`}."""
+        return {name: function_footprint(roots, specs, self.dtype, FUNCTION_STACK_BYTES)
+                for name, roots, specs in self.functions}
+
+    @property
+    def heap_elements(self) -> int:
+        """Length of the per-thread heap buffer the functions share (0: none): they never
+        run nested, so each uses it from its start."""
+        return max([f.heap_elements for f in self.footprints().values()] + [0])
+
+
+def cpu_kernel_shape(formula, var_specs, reduction: str, dtype: str,
+                     dot_tiling: bool | None = None) -> KernelShape:
+    """The shape of the kernel :func:`render_cpu_kernel` emits for these arguments."""
+    check_dims(formula)
+    lin = wide_sum(formula, reduction)
+    if lin is not None:
+        shape = _shape(lin.narrow, var_specs, dtype, dot_tiling, lin)
+        if shape is not None:
+            return shape
+    return _shape(formula, var_specs, dtype, dot_tiling)
+
+
+def _shape(formula, var_specs, dtype, dot_tiling, lin=None) -> KernelShape | None:
+    F = formula.dim
+    plan = plan_cpu(formula, max([v.index + 1 for v in var_specs] + [0]), dot_tiling)
+    L = Layout(var_specs, plan, dtype=dtype)
+    if lin is not None and L.wide:
+        return None  # the narrow part still reads a wide vector pair by pair
+    size = 4 if dtype == "float32" else 8
+    tj = max(tile_size(F, dtype), 64) if L.dots else tile_size(F, dtype)
+    chunk = DOT_CHUNK_BYTES if L.dots else L2_CHUNK_BYTES
+    jch = max(tj, chunk // L.j_bytes(size) // tj * tj)
+    functions = [("lt_formula", (plan.formula,), tuple(L.formula_specs))]
+    if L.n_row_values:
+        functions.append(("lt_rowvals", tuple(d.node for d in plan.rows),
+                          tuple(v for v in L.orig if v.cat in ("i", "p"))))
+    for d in plan.cols:
+        functions.append((f"lt_col{d.var.index}", (d.node,),
+                          (next(v for v in L.orig if v.index == d.source),)))
+    return KernelShape(plan, L, lin, tj, jch, tuple(functions), dtype)
+
+
 def render_cpu_kernel(formula, var_specs, reduction: str, opts: dict, dtype: str,
                       dot_tiling: bool | None = None, ranged: bool = False) -> str:
     """Complete C++ source of the CPU kernel ``lt_run`` (see the module docstring).
@@ -370,34 +499,25 @@ def render_cpu_kernel(formula, var_specs, reduction: str, opts: dict, dtype: str
     pair loop and the rest as weighted sums of the j-vectors (:mod:`lazytensor.codegen.cpu.wide`).
     ``ranged``: the kernel of block-sparse calls, which stages the columns of consecutive
     intervals together when the pair loop allows it (see :func:`_gather_loop`)."""
-    lin = wide_sum(formula, reduction)
-    if lin is not None:
-        src = _render(lin.narrow, var_specs, reduction, opts, dtype, dot_tiling, lin)
-        if src is not None:
-            return src
-    return _render(formula, var_specs, reduction, opts, dtype, dot_tiling, ranged=ranged)
+    return _render(cpu_kernel_shape(formula, var_specs, reduction, dtype, dot_tiling),
+                   reduction, opts, dtype, ranged)
 
 
-def _render(formula, var_specs, reduction, opts, dtype, dot_tiling, lin=None,
-            ranged=False) -> str | None:
-    F = formula.dim
-    plan = plan_cpu(formula, max([v.index + 1 for v in var_specs] + [0]), dot_tiling)
-    L = Layout(var_specs, plan)
-    if lin is not None and L.wide:
-        return None  # the narrow part still reads a wide vector pair by pair
-    size = 4 if dtype == "float32" else 8
+def _render(shape: KernelShape, reduction, opts, dtype, ranged=False) -> str:
+    plan, L, lin, tj, jch = shape.plan, shape.layout, shape.lin, shape.tj, shape.jch
+    F = plan.formula.dim
     R = "LT_R" if L.dots else "1"  # rows per block: LT_R depends on the vector width
-    tj = max(tile_size(F, dtype), 64) if L.dots else tile_size(F, dtype)
-    chunk = DOT_CHUNK_BYTES if L.dots else L2_CHUNK_BYTES
-    jch = max(tj, chunk // L.j_bytes(size) // tj * tj)
+    heap_len = shape.heap_elements
+    storage = CPU_STORAGE
+    defs = prelude_defs() + (heap_defs() if heap_len else "")
     nv = max(1, L.n_orig)
     if lin is None:
         src = [render_shared(plan.formula, L.formula_specs, reduction, opts, dtype, tj=tj,
-                             rename=cpu_renames, backend_defs=prelude_defs())]
+                             rename=cpu_renames, backend_defs=defs, storage=storage)]
     else:  # the narrow formula, and the weighted sums' Acc (after the vector types)
         acc_dtype = reductions.get(reduction).acc_dtype(dtype, opts)
-        src = [prelude(dtype, acc_dtype, prelude_defs()) + f"static const int TJ = {tj};\n"
-               + render_formula(plan.formula, L.formula_specs, dtype, cpu_renames)]
+        src = [prelude(dtype, acc_dtype, defs) + f"static const int TJ = {tj};\n"
+               + render_formula(plan.formula, L.formula_specs, dtype, cpu_renames, storage)]
     src.append("#ifdef _OPENMP\n#include <omp.h>\n#endif\n")
     src.append(vector_header())
     if lin is not None:
@@ -408,11 +528,11 @@ def _render(formula, var_specs, reduction, opts, dtype, dot_tiling, lin=None,
     if L.n_row_values:
         row_in = [v for v in L.orig if v.cat in ("i", "p")]
         src.append(render_function("lt_rowvals", [d.node for d in plan.rows], row_in, dtype,
-                                   cpu_renames, "static LT_INLINE"))
+                                   cpu_renames, "static LT_INLINE", storage))
     for d in plan.cols:
         s = next(v for v in L.orig if v.index == d.source)
         src.append(render_function(f"lt_col{d.var.index}", [d.node], [s], dtype, cpu_renames,
-                                   "static LT_INLINE"))
+                                   "static LT_INLINE", storage))
     if L.dots:
         src.append(dot_micro())
     for D in sorted({d.dim for d in L.dots}):
@@ -420,15 +540,23 @@ def _render(formula, var_specs, reduction, opts, dtype, dot_tiling, lin=None,
     for D in sorted({d.dim for d in L.dots if d.kind == "sqdist"}):
         src.append(sqdist_fix(D))
     src.append(_ACC_TMP)
-    # Block-sparse calls of the plain pair loop stage several intervals per chunk, unless
-    # the reduction outputs indices (the tiles then need their global column numbers).
     red = reductions.get(reduction)
-    gather = None
-    if (ranged and lin is None and not L.dots and not L.wide
-            and all(o.kind == "value" for o in red.outputs(F, opts))):
-        gather = {v.index for v in ir.variables(plan.formula)}
-    after = "" if lin is None else "\n          " + wide_call(lin, "A[i - i0]")
-    src.append(_row_block(L, F, R, after, gather))
+    lanes = 0
+    if lin is None and not L.dots and not L.wide and tj >= 64 and red.lanes_add(opts):
+        lanes = max(1, LANE_TERMS // tj)  # tj >= 64: whole vectors (lt_vec) of lanes
+    if lin is not None and L.dots and red.wide == "sum":
+        # several rows' weights against each tile of B at once (wide.lt_wblock)
+        src.append(_row_block(L, F, R, after_rows="\n        " + wide_block_call(lin, f"{F} * TJ", "A"),
+                              heap_len=heap_len))
+    else:
+        # Block-sparse calls of the plain pair loop stage several intervals per chunk, unless
+        # the reduction outputs indices (the tiles then need their global column numbers).
+        gather = None
+        if (ranged and lin is None and not L.dots and not L.wide
+                and all(o.kind == "value" for o in red.outputs(F, opts))):
+            gather = {v.index for v in ir.variables(plan.formula)}
+        after = "" if lin is None else "\n          " + wide_call(lin, "A[i - i0]")
+        src.append(_row_block(L, F, R, after, lanes, heap_len=heap_len, gather=gather))
     # With dot products each work item packs all its columns once: below 4 row blocks
     # per item that packing costs more than a third of the products, so fewer, larger
     # items are worth some imbalance between threads.

@@ -19,6 +19,7 @@ it packs in panels (:mod:`lazytensor.codegen.cpu.gemm`), and where the row value
 from __future__ import annotations
 
 from .. import ir
+from ..footprint import FUNCTION_STACK_BYTES, function_footprint
 from ..render_c import VarSpec
 from . import WIDE
 from .plan import CpuPlan
@@ -36,7 +37,8 @@ def _offsets(specs: list, start: int) -> tuple:
 class Layout:
     """Which values are staged per chunk and how each variable is addressed."""
 
-    def __init__(self, var_specs: list, plan: CpuPlan, jch: int | None = None):
+    def __init__(self, var_specs: list, plan: CpuPlan, jch: int | None = None,
+                 dtype: str = "float64"):
         self.orig = sorted(var_specs, key=lambda v: v.index)
         self.n_orig = max([v.index + 1 for v in self.orig] + [0])
         self.rows = [VarSpec(d.var.index, d.var.dim, "i") for d in plan.rows]
@@ -47,8 +49,14 @@ class Layout:
         used = {v.index for v in ir.variables(plan.formula)}
         used |= {d.norm_b for d in plan.dots}
         dot_b = {d.b for d in plan.dots}
+        self.formula_specs = self.orig + self.rows + self.cols + [
+            VarSpec(d.var.index, 1, "j") for d in plan.dots]
+        # values of the formula kept in the per-thread heap (codegen.footprint): one
+        # buffer for the whole pair loop, so pairs go one at a time
+        self.heap_formula = function_footprint(
+            [plan.formula], self.formula_specs, dtype, FUNCTION_STACK_BYTES).heap_elements > 0
         # wide: the pair loop is vectorized along the vector dimension (see kernel.py)
-        self.wide = plan.formula.dim > WIDE or any(
+        self.wide = plan.formula.dim > WIDE or self.heap_formula or any(
             v.dim > WIDE for v in self.orig if v.index in used)
         # staged: j-variables read component-wise by the pair loop (unless wide), and the
         # columns it reads (S[k * JCH + j])
@@ -60,8 +68,6 @@ class Layout:
         # panel k-major (see lt_dot), after the staged values in the same buffer
         self.packed = [v for v in self.orig + self.cols if v.index in dot_b]
         self.pack_offset, self.buffer_dims = _offsets(self.packed, self.stage_dims)
-        self.formula_specs = self.orig + self.rows + self.cols + [
-            VarSpec(d.var.index, 1, "j") for d in plan.dots]
         self.row_offset, self.n_row_values = _offsets(self.rows, 0)
         self.row_of_node = {d.node: d.var.index for d in plan.rows}
 

@@ -3,6 +3,7 @@
 - :func:`prelude_defs`: what the CPU backend adds to the shared prelude (declarations that
   let g++ vectorize calls to libmvec, and ``lt_exp``, a branch-free polynomial ``exp``);
 - :func:`cpu_renames`: ``exp`` calls of the formula code become ``lt_exp``;
+- :func:`heap_defs`: the per-thread buffer of formula values too large for the stack;
 - :func:`vector_header`: the vector type ``lt_vec`` of the target's width, the row block
   ``LT_R`` of the dot products, flushing denormals (``LtFtz``) and the per-thread staging
   buffer (``LtStage``).
@@ -89,6 +90,29 @@ def prelude_defs() -> str:
 {_simd_declarations()}
 #endif
 {_EXP}"""
+
+
+def heap_defs() -> str:
+    """``lt_heap``: the per-thread buffer of the formula values too large for the stack
+    (:mod:`lazytensor.codegen.footprint`), kept and grown across calls; ``lt_rows``
+    reserves it before any function reads ``lt_heap.p``."""
+    return """// Formula values too large for the stack, per thread (reserved by lt_rows).
+struct LtHeap {
+  T* p = 0;
+  size_t n = 0;
+  ~LtHeap() { free(p); }
+  bool reserve(size_t len) {
+    if (len > n) {
+      free(p);
+      void* q = 0;
+      p = posix_memalign(&q, 64, sizeof(T) * len) == 0 ? (T*)q : 0;
+      n = p ? len : 0;
+    }
+    return p != 0;
+  }
+};
+static thread_local LtHeap lt_heap;
+"""
 
 
 def vector_header() -> str:

@@ -10,7 +10,7 @@ take ``F = concat(f, w)`` with ``f`` scalar) and carries:
   dtype rule :meth:`Reduction.acc_dtype`);
 - its C hooks: :meth:`Reduction.acc_code` emits ``struct Acc`` with ``init``,
   ``push(f, j)``, ``tile(fb, nj, j0)`` (a tile of terms ``fb[c*TJ + jj]``, the CPU fast
-  path), ``merge`` (two partial accumulators) and ``write`` (one row's outputs);
+  path; :meth:`Reduction.lanes_add` when tiles may be added lane by lane first), ``merge`` (two partial accumulators) and ``write`` (one row's outputs);
 - its reference at array level: :meth:`Reduction.partial` (the state of the
   accumulator over a range of j), :meth:`Reduction.merge` (two states over disjoint
   ranges of j, NumPy or torch), :meth:`Reduction.finalize` (the outputs) and
@@ -95,6 +95,12 @@ class Reduction:
         """C++ of ``struct Acc`` (uses typedefs T, TA and the constant TJ)."""
         raise NotImplementedError
 
+    def lanes_add(self, opts: dict) -> bool:
+        """Whether ``Acc::tile`` only sums its terms (in T, then into TA): the CPU pair loop
+        may then add several tiles lane by lane into one buffer (``fb[k*TJ + jj] +=``)
+        and hand that buffer to ``tile`` once for all of them."""
+        return False
+
     # ------------------------------------------------------------------ array level
 
     def partial(self, values, opts: dict, j0: int = 0) -> list:
@@ -117,15 +123,29 @@ class Reduction:
 
     # ------------------------------------------------------------------ gradients
 
-    def vjp_formula(self, F: ir.Node, saved: list, aux: bool) -> ir.Node:
+    def vjp_formula(self, F: ir.Node, saved: list, aux: bool, limits: bool = False) -> ir.Node:
         """``G`` such that the gradient is the Sum of ``(∂G/∂v)ᵀ g`` (``gradient ==
         "sum"``); ``saved`` are i-variables holding the forward's outputs (``vjp_saves``
         of them); with ``aux``, ``G`` has more components for the cotangent of the outputs
-        beyond ``user_outputs`` (concatenated after the first output's)."""
+        beyond ``user_outputs`` (concatenated after the first output's). ``limits``: the
+        softmax weights of the log-sum-exp family follow the forward's limit at +inf (for
+        gradients normalized by :meth:`normalizer`)."""
         raise NotImplementedError(
             f"the {self.name} reduction has no gradient (use logsumexp / min_argmin instead)")
 
     vjp_saves = 0
+    # The saved output (an index into ``outputs``) that is the log-sum-exp of the formula's
+    # first component, in whose softmax weights exp(f - lse) the j-side gradients use
+    # instead the row maximum and the sum of exp(f - max) (see lazytensor.autograd).
+    lse_output: int | None = None
+
+    def normalizer(self, F: ir.Node, saved: list) -> ir.Node | None:
+        """For softmax-weighted gradients, the weight ``e_ij`` whose sum over j is 1 by
+        definition (every term of ``G`` carries it): the gradients of i-variables and
+        parameters are then computed as ``Σ_j e_ij C_ij / Σ_j e_ij``, exact whatever
+        common factor the weights of a row are off by (the log-sum-exp's rounding, a
+        maximum at +inf). None: gradients are plain sums."""
+        return None
 
     def dual(self, F: ir.Node, tangents: list) -> tuple:
         """``(formula, reduction, keeps options)`` of the forward that also accumulates the

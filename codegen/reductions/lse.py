@@ -139,12 +139,21 @@ def _log(s):
 
 @register
 class LogSumExp(_LSEBase):
+    """``log Σ_j exp(f_ij)`` of a scalar formula, computed stably (``K.logsumexp(dim=1)``,
+    pykeops's ``LogSumExp``): ``(N, 1)``; -inf for an empty reduction.
+
+    >>> f = -np.array([[[0.0], [4.0]], [[1.0], [1.0]], [[9.0], [1.0]]])  # (N, M, 1) = (3, 2, 1)
+    >>> [out.round(4).tolist() for out in LogSumExp().ref(f, {})]
+    [[[0.0181], [-0.3069], [-0.9997]]]
+    """
+
     name = "logsumexp"
     keops_name = "LogSumExp"
     aliases = ("lse",)
     weighted_variant = "logsumexp_weight"
     gradient = "sum"
     fusable = True
+    lse_output = 0
 
     def outputs(self, F, opts):
         return [Output(1, "value", float("-inf"))]
@@ -158,8 +167,11 @@ class LogSumExp(_LSEBase):
     def writes(self, F):
         return write_code(0, "value", 1, "(T)(m + log(s[0]))")
 
-    def vjp_formula(self, F, saved, aux):
-        return apply("exp", apply("sub", F, saved[0]))
+    def vjp_formula(self, F, saved, aux, limits=False):
+        return _weight(F, saved[0], limits)
+
+    def normalizer(self, F, saved):
+        return _weight(F, saved[0], True)
 
     def dual(self, F, tangents):
         # d lse = Σ_j softmax_j(F) dF_j: the softmax-weighted sum of the tangents, whose
@@ -172,6 +184,16 @@ class LogSumExp(_LSEBase):
 
 @register
 class LogSumExpWeight(_LSEBase):
+    """``log Σ_j exp(f_ij) w_j`` for the formula ``concat(f, w)``, f scalar and w of
+    dimension E (``K.logsumexp(dim=1, weight=w)``, pykeops's ``LogSumExp`` with a second
+    formula): ``(N, E)``.
+
+    >>> f = -np.array([[[0.0], [4.0]], [[1.0], [1.0]], [[9.0], [1.0]]])  # (N, M, 1) = (3, 2, 1)
+    >>> w = np.broadcast_to([[1.0], [2.0]], f.shape)
+    >>> [out.round(4).tolist() for out in LogSumExpWeight().ref(np.concatenate([f, w], -1), {})]
+    [[[0.036], [0.0986], [-0.3067]]]
+    """
+
     name = "logsumexp_weight"
     weighted = True
     gradient = "sum"
@@ -192,14 +214,24 @@ class LogSumExpWeight(_LSEBase):
     def weights(self, values):
         return values[..., 1:]
 
-    def vjp_formula(self, F, saved, aux):
+    def vjp_formula(self, F, saved, aux, limits=False):
         f, w = _split(F)
-        return apply("mul", apply("exp", apply("sub", f, saved[0])), w)
+        return apply("mul", _weight(f, saved[0], limits), w)
 
 
 @register
 class SumSoftMaxWeight(_LSEBase):
-    """Σ_j softmax_j(f) w_j; also writes the log-sum-exp of f (second output, for gradients)."""
+    """Σ_j softmax_j(f) w_j; also writes the log-sum-exp of f (second output, for gradients).
+
+    The formula is ``concat(f, w)``, f scalar and w of dimension E
+    (``K.sumsoftmaxweight(w, dim=1)``): ``(N, E)``, NaN (0/0) for an empty reduction.
+
+    >>> f = -np.array([[[0.0], [4.0]], [[1.0], [1.0]], [[9.0], [1.0]]])  # (N, M, 1) = (3, 2, 1)
+    >>> w = np.broadcast_to([[1.0], [2.0]], f.shape)
+    >>> out, lse = SumSoftMaxWeight().ref(np.concatenate([f, w], -1), {})
+    >>> out.round(4).tolist()
+    [[1.018], [1.5], [1.9997]]
+    """
 
     name = "sumsoftmaxweight"
     keops_name = "SumSoftMaxWeight"
@@ -209,6 +241,7 @@ class SumSoftMaxWeight(_LSEBase):
     gradient = "sum"
     wide = "softmax"
     vjp_saves = 2
+    lse_output = 1
 
     def outputs(self, F, opts):
         return [Output(F - 1, "value", float("nan")), Output(1, "value", float("-inf"))]
@@ -231,18 +264,29 @@ class SumSoftMaxWeight(_LSEBase):
         with np.errstate(all="ignore"):
             return [s[..., 1:] / s[..., :1], m + _log(s[..., :1])]
 
-    def vjp_formula(self, F, saved, aux):
+    def vjp_formula(self, F, saved, aux, limits=False):
         f, w = _split(F)
-        softmax = apply("exp", apply("sub", f, saved[1]))
+        softmax = _weight(f, saved[1], limits)
         G = apply("mul", softmax, apply("sub", w, saved[0]))
         # The auxiliary log-sum-exp output is used by first-order gradients, so it receives
         # a cotangent in double backward: d lse = Σ_j softmax_ij df_ij.
         return apply("concat", G, softmax) if aux else G
 
+    def normalizer(self, F, saved):
+        return _weight(_split(F)[0], saved[1], True)
+
 
 @register
 class MaxSumShiftExp(_LSEBase):
-    """(m, s) with m = max_j f and s = Σ_j exp(f - m): KeOps's Max_SumShiftExp."""
+    """(m, s) with m = max_j f and s = Σ_j exp(f - m): KeOps's Max_SumShiftExp.
+
+    One ``(N, 2)`` output, m and s side by side, for a scalar formula
+    (``K.max_sumshiftexp(dim=1)``); ``m + log(s)`` is the log-sum-exp.
+
+    >>> f = np.array([[[0.0], [4.0]], [[1.0], [1.0]], [[9.0], [1.0]]])  # (N, M, 1) = (3, 2, 1)
+    >>> [out.round(4).tolist() for out in MaxSumShiftExp().ref(f, {})]
+    [[[4.0, 1.0183], [1.0, 2.0], [9.0, 1.0003]]]
+    """
 
     name = "max_sumshiftexp"
     keops_name = "Max_SumShiftExp"
@@ -256,6 +300,12 @@ class MaxSumShiftExp(_LSEBase):
 
     def finalize(self, state, opts):
         return [namespace_of(state[0]).concat(list(state))]
+
+
+def _weight(f: ir.Node, lse: ir.Node, limits: bool) -> ir.Node:
+    """The softmax weight ``exp(f - lse)`` of the gradients (op ``softmax_weight``: f
+    evaluated as the forward stored it; ``limits``: 1 at +inf where lse is +inf)."""
+    return apply("softmax_weight", f, lse, params=(bool(limits),))
 
 
 def _split(F: ir.Node) -> tuple:

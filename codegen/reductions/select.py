@@ -187,20 +187,48 @@ struct Acc {{
         return ([state[0]] if self.with_value else []) + ([state[1]] if self.with_index else [])
 
 
-def _select(name, keops_name, want_min, with_value, with_index, aliases=(), arg_variant=None):
+# The doctest of a selection's class: its reference on the terms f_ij of N = 3 rows
+# (``Vi(x).sqdist(Vj(y))`` for x = (0, 1, 3), y = (0, 2)), one output per list.
+_EXAMPLE = """
+
+    >>> f = np.array([[[0.0], [4.0]], [[1.0], [1.0]], [[9.0], [1.0]]])  # (N, M, F) = (3, 2, 1)
+    >>> [out.tolist() for out in {cls}().ref(f, {opts})]
+    {result}
+    """
+
+
+def _select(name, keops_name, want_min, with_value, with_index, doc, result, aliases=(),
+            arg_variant=None):
+    cls_name = keops_name.replace("_", "")
     fields = dict(name=name, keops_name=keops_name, want_min=want_min, with_value=with_value,
                   with_index=with_index, aliases=aliases, arg_variant=arg_variant,
                   user_outputs=2 if with_value and with_index else 1,
-                  gradient="gather" if with_value and with_index else None)
-    register(type(keops_name.replace("_", ""), (_Select,), fields))
+                  gradient="gather" if with_value and with_index else None,
+                  __doc__=doc + _EXAMPLE.format(cls=cls_name, opts="{}", result=result))
+    return register(type(cls_name, (_Select,), fields))
 
 
-_select("min", "Min", True, True, False, arg_variant="min_argmin")
-_select("max", "Max", False, True, False, arg_variant="max_argmax")
-_select("argmin", "ArgMin", True, False, True)
-_select("argmax", "ArgMax", False, False, True)
-_select("min_argmin", "Min_ArgMin", True, True, True, aliases=("minargmin",))
-_select("max_argmax", "Max_ArgMax", False, True, True, aliases=("maxargmax",))
+Min = _select("min", "Min", True, True, False, arg_variant="min_argmin", doc="""\
+    ``min_j f_ij`` per component (``K.min(dim=1)``, pykeops's ``Min``): ``(N, F)``; +inf
+    for an empty reduction, NaN if a term is NaN. Differentiable through ``min_argmin``.""",
+              result="[[[0.0], [1.0], [1.0]]]")
+Max = _select("max", "Max", False, True, False, arg_variant="max_argmax", doc="""\
+    ``max_j f_ij`` per component (``K.max(dim=1)``, pykeops's ``Max``): ``(N, F)``; -inf
+    for an empty reduction, NaN if a term is NaN.""", result="[[[4.0], [1.0], [9.0]]]")
+ArgMin = _select("argmin", "ArgMin", True, False, True, doc="""\
+    The index j (int64) of ``min_j f_ij`` per component (``K.argmin(dim=1)``): ``(N, F)``;
+    the lowest index among ties, -1 for an empty reduction.""", result="[[[0], [0], [1]]]")
+ArgMax = _select("argmax", "ArgMax", False, False, True, doc="""\
+    The index j (int64) of ``max_j f_ij`` per component (``K.argmax(dim=1)``): ``(N, F)``;
+    the lowest index among ties, -1 for an empty reduction.""", result="[[[1], [0], [0]]]")
+MinArgMin = _select("min_argmin", "Min_ArgMin", True, True, True, aliases=("minargmin",),
+                    doc="""\
+    ``(min, argmin)`` in one pass (``K.min_argmin(dim=1)``): two ``(N, F)`` arrays; its
+    gradient gathers through the indices.""", result="[[[0.0], [1.0], [1.0]], [[0], [0], [1]]]")
+MaxArgMax = _select("max_argmax", "Max_ArgMax", False, True, True, aliases=("maxargmax",),
+                    doc="""\
+    ``(max, argmax)`` in one pass (``K.max_argmax(dim=1)``): two ``(N, F)`` arrays; its
+    gradient gathers through the indices.""", result="[[[4.0], [1.0], [9.0]], [[1], [0], [0]]]")
 
 
 class _KSelect(Reduction):
@@ -335,14 +363,26 @@ def _join(xp, rows):
     return xp.stack([r[..., 0, :] for r in rows], -2)
 
 
-def _kselect(name, keops_name, with_value, with_index, aliases=(), arg_variant=None):
-    register(type(keops_name.replace("_", ""), (_KSelect,), dict(
+def _kselect(name, keops_name, with_value, with_index, doc, result, aliases=(), arg_variant=None):
+    cls_name = keops_name.replace("_", "")
+    return register(type(cls_name, (_KSelect,), dict(
         name=name, keops_name=keops_name, with_value=with_value, with_index=with_index,
         aliases=aliases, arg_variant=arg_variant,
         user_outputs=2 if with_value and with_index else 1,
-        gradient="gather" if with_value and with_index else None)))
+        gradient="gather" if with_value and with_index else None,
+        __doc__=doc + _EXAMPLE.format(cls=cls_name, opts='{"K": 2}', result=result))))
 
 
-_kselect("kmin", "KMin", True, False, arg_variant="kmin_argkmin")
-_kselect("argkmin", "ArgKMin", False, True)
-_kselect("kmin_argkmin", "KMin_ArgKMin", True, True, aliases=("kminargkmin",))
+KMin = _kselect("kmin", "KMin", True, False, arg_variant="kmin_argkmin", doc="""\
+    The K smallest ``f_ij`` over j, sorted, per component (``K.Kmin(K, dim=1)``, option
+    ``K``): ``(N, K)``, or ``(N, K, F)`` for F > 1; NaN sorts last, ties keep index order.""",
+                result="[[[0.0, 4.0], [1.0, 1.0], [1.0, 9.0]]]")
+ArgKMin = _kselect("argkmin", "ArgKMin", False, True, doc="""\
+    The indices j (int64) of the K smallest ``f_ij``, in :class:`KMin`'s order
+    (``K.argKmin(K, dim=1)``: the K nearest neighbours for a distance).""",
+                   result="[[[0, 1], [0, 1], [1, 0]]]")
+KMinArgKMin = _kselect("kmin_argkmin", "KMin_ArgKMin", True, True, aliases=("kminargkmin",),
+                       doc="""\
+    ``(KMin, ArgKMin)`` in one pass (``K.Kmin_argKmin(K, dim=1)``); its gradient gathers
+    through the indices.""",
+                       result="[[[0.0, 4.0], [1.0, 1.0], [1.0, 9.0]], [[0, 1], [0, 1], [1, 0]]]")

@@ -1,6 +1,6 @@
 """The Sum reduction: Σ_j F, accumulated in float64 unless ``dtype_acc`` says otherwise.
 
-Sum schemes (pykeops's ``sum_scheme``): ``block_sum`` (default: each tile of j summed in T,
+Sum schemes (pykeops's ``sum_scheme``): ``block_sum`` (default: blocks of j summed in T,
 then added to the TA accumulator), ``direct_sum`` (every term added to the accumulator)
 and ``kahan_scheme`` (compensated). Its gradient is a Sum of the VJP formula, its dual
 form a Sum of the formula and its tangents side by side.
@@ -19,6 +19,16 @@ from .base import Output, Reduction, register, write_code
 
 @register
 class Sum(Reduction):
+    """``Σ_j f_ij`` per component (``K.sum(dim=1)``, ``K @ v``, pykeops's ``Sum``):
+    ``(N, F)``; 0 for an empty reduction. Accumulated in float64 unless ``dtype_acc``
+    says otherwise; differentiable (its gradient is a Sum).
+
+    >>> import numpy as np
+    >>> f = np.array([[[0.0], [4.0]], [[1.0], [1.0]], [[9.0], [1.0]]])  # (N, M, F) = (3, 2, 1)
+    >>> [out.tolist() for out in Sum().ref(f, {})]
+    [[[4.0], [2.0], [10.0]]]
+    """
+
     name = "sum"
     keops_name = "Sum"
     sum_type = True
@@ -52,13 +62,16 @@ struct Acc {{
   LT_HD LT_INLINE void write(void* const* outs, int64_t row) const {{ {write_code(0, "value", F, "(T)(s[k] - c[k])")} }}
 }};"""
 
+    def lanes_add(self, opts):
+        return opts.get("sum_scheme", "block_sum") == "block_sum"
+
     def partial(self, values, opts, j0=0):
         return [values.sum(axis=-2)]
 
     def merge(self, a, b, opts):
         return [a[0] + b[0]]
 
-    def vjp_formula(self, F, saved, aux):
+    def vjp_formula(self, F, saved, aux, limits=False):
         return F
 
     def dual(self, F, tangents):
@@ -66,5 +79,6 @@ struct Acc {{
 
     def dual_outputs(self, outs, F):
         out, J = outs[0][..., :F], outs[0][..., F:]
-        return out, J.reshape(*J.shape[:-1], -1, F)
+        # k = J's width / F, explicit: with no rows at all, -1 would be ambiguous
+        return out, J.reshape(*J.shape[:-1], J.shape[-1] // F, F)
 

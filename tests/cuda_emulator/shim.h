@@ -60,6 +60,8 @@ static inline float __fdiv_rn(float a, float b) { return a / b; }
 static inline float __frcp_rn(float a) { return 1.0f / a; }
 static inline double __drcp_rn(double a) { return 1.0 / a; }
 static inline float __fsqrt_rn(float a) { return sqrtf(a); }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline double __dadd_rn(double a, double b) { return a + b; }
 static inline float __int_as_float(int v) { float f; memcpy(&f, &v, 4); return f; }
 static inline int __float_as_int(float f) { int v; memcpy(&v, &f, 4); return v; }
 static inline double __longlong_as_double(long long v) { double f; memcpy(&f, &v, 8); return f; }
