@@ -721,9 +721,13 @@ SUITES = {
             "LogSumExp; call overheads; one query against many points (split-j); peak memory",
     "grad": "gradient of the Gaussian kernel product (w.r.t. x, y, sigma), D = 3 and D = 64",
     "cpu": "Gaussian kernel product D = 3, 64, 256; vector-valued terms (K @ V, attention)",
+    "ranges": "block-sparse ranges at the README's setting; geomloss Sinkhorn (online, "
+              "multiscale) against pykeops and geomloss's tensorized backend "
+              "(benchmarks.bench_ranges)",
     "dual": "fused (dual) against symbolic gradients, Gaussian and a branchy gate, D = 3",
     "gpytorch": "K @ V with 1 to 64 columns (GPyTorch's CG), float32 and float64, vs dense torch",
-    "all": "every table of the suites above",
+    "all": "every table of core, grad, cpu, dual and gpytorch (ranges runs alone: its pykeops "
+           "and geomloss calls take minutes)",
 }
 
 
@@ -751,6 +755,12 @@ def _plan(args) -> list:
         gsizes = [1000, 4000] if quick else [1000, 4000, 10_000, 30_000]
         plan.append(("gradient D = 3", lambda: grad_table(3, gsizes, args)))
         plan.append(("gradient D = 64", lambda: grad_table(64, gsizes, args)))
+    if suite == "ranges":
+        from benchmarks import bench_ranges
+
+        bench_ranges.configure(args)
+        plan.append(("block-sparse ranges", lambda: bench_ranges.ranges_table(args)))
+        plan.append(("geomloss Sinkhorn", lambda: bench_ranges.client_table(args)))
     if suite in ("dual", "all"):
         from .bench_dual import dual_table
 

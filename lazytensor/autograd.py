@@ -46,18 +46,18 @@ class KernelReduction(torch.autograd.Function):
         # forward has no defaults to bind: outside torch.func transforms (and without
         # tensors left over from one) the C entry point takes the arguments as they are.
         if _is_wrapped is None or torch._C._are_functorch_transforms_active() or any(
-                _is_wrapped(a) for a in args[1:]):
+                _is_wrapped(a) for a in args[2:]):
             return super().apply(*args)
         return _C_APPLY(*args)
 
     @staticmethod
-    def forward(call: ReductionCall, *tensors):
-        return tuple(execute(call, list(tensors)))
+    def forward(call: ReductionCall, ranges, *tensors):
+        return tuple(execute(call, list(tensors), ranges))
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        call, tensors = inputs[0], inputs[1:]
-        ctx.call = call
+        call, ranges, tensors = inputs[0], inputs[1], inputs[2:]
+        ctx.call, ctx.ranges = call, ranges
         ctx.n_in = len(tensors)
         ctx.save_for_backward(*tensors, *output)
         ctx.save_for_forward(*tensors, *output)
@@ -66,22 +66,26 @@ class KernelReduction(torch.autograd.Function):
                 ctx.mark_non_differentiable(o)
 
     @staticmethod
-    def vmap(info, in_dims, call: ReductionCall, *tensors):
-        return vmap_rule(KernelReduction.apply, info, in_dims, call, *tensors)
+    def vmap(info, in_dims, call: ReductionCall, ranges, *tensors):
+        # the same ranges in every element of the vmapped dimension (a batch dimension)
+        return vmap_rule(lambda c, *t: KernelReduction.apply(c, ranges, *t), info,
+                         (in_dims[0], *in_dims[2:]), call, *tensors)
 
     @staticmethod
-    def jvp(ctx, _call_tangent, *tangents):
+    def jvp(ctx, _call_tangent, _ranges_tangent, *tangents):
         saved = ctx.saved_tensors
         inputs, outs = list(saved[: ctx.n_in]), list(saved[ctx.n_in:])
-        return tuple(reduction_jvp(KernelReduction.apply, ctx.call, inputs, outs,
-                                   list(tangents)))
+        ranges = ctx.ranges  # the JVP sums run over the same pairs
+        return tuple(reduction_jvp(lambda c, *t: KernelReduction.apply(c, ranges, *t),
+                                   ctx.call, inputs, outs, list(tangents)))
 
     @staticmethod
     def backward(ctx, *grads):
         saved = ctx.saved_tensors
         inputs, outs = list(saved[: ctx.n_in]), list(saved[ctx.n_in:])
-        needs = ctx.needs_input_grad[1:]
-        return (None, *reduction_vjp(ctx.call, inputs, outs, list(grads), needs))
+        needs = ctx.needs_input_grad[2:]
+        return (None, None, *reduction_vjp(ctx.call, inputs, outs, list(grads), needs,
+                                           ctx.ranges))
 
 
 # The C entry point that torch's Function.apply ends in (bound to KernelReduction).
@@ -184,8 +188,9 @@ def _shifted(call: ReductionCall, formula: ir.Node, dims: list, slot: int) -> tu
                                                        "max_sumshiftexp", ()))
 
 
-def reduction_vjp(call, inputs, outs, grads, needs) -> list:
-    """Gradients of ``call``'s inputs for the output cotangents ``grads``."""
+def reduction_vjp(call, inputs, outs, grads, needs, ranges=None) -> list:
+    """Gradients of ``call``'s inputs for the output cotangents ``grads`` (``ranges``: the
+    forward's block-sparse pattern; the j-side sum runs on its transpose)."""
     red = reductions.get(call.reduction)
     if not any(needs):
         return [None] * len(inputs)
@@ -204,14 +209,18 @@ def reduction_vjp(call, inputs, outs, grads, needs) -> list:
     args = [*inputs, *outs[: red.vjp_saves], g]
     result = [None] * len(inputs)
     for side in plan.sides:
+        side_ranges = ranges
+        if ranges is not None and call.cats[side.slots[0]] == "j":
+            side_ranges = ranges.t()
         side_args = args
         if side.shift is not None:
+            # the row pass (max, Σ exp) runs over the forward's pairs: its ranges as given
             slot, ms_call = side.shift
-            m, s = execute(ms_call, [a.detach() for a in inputs])[0].split(1, dim=-1)
+            m, s = execute(ms_call, [a.detach() for a in inputs], ranges)[0].split(1, dim=-1)
             lse = args[slot]  # log s's value, lse's derivative (m is a constant shift)
             logs = torch.log(s) + (lse - lse.detach())
             side_args = [*args[:slot], torch.cat([m, logs], dim=-1), *args[slot + 1:]]
-        total = _side_sum(side, side_args)
+        total = _side_sum(side, side_args, side_ranges)
         if side.normalized:  # Σ_j e C / Σ_j e; no term at all (M = 0): the plain sum, 0
             weights = total[..., -1:]
             total = total[..., :-1] / torch.where(weights == 0, torch.ones_like(weights), weights)
@@ -226,18 +235,18 @@ def reduction_vjp(call, inputs, outs, grads, needs) -> list:
     return result
 
 
-def _side_sum(side: SideGradient, args: list):
+def _side_sum(side: SideGradient, args: list, ranges=None):
     """``Σ`` of the side's cotangent formula: the hoisted values in torch, the kernel, then
     the row terms ``s(i, j) L(i)`` multiplied by ``L(i)`` after the sum."""
     call, plan = side.call, side.plan
     if plan is None:
-        return KernelReduction.apply(call, *args)[0]
+        return KernelReduction.apply(call, ranges, *args)[0]
     args = list(args)
     xp = torch_namespace()
     if plan.hoisted:
         arrays = {k: a for k, (a, cat) in enumerate(zip(args, call.cats)) if cat == "j"}
         args += [evaluate(node, arrays, xp) for node in plan.hoisted]
-    (G,) = KernelReduction.apply(call, *args)
+    (G,) = KernelReduction.apply(call, ranges, *args)
     split = plan.split
     if split is None:
         return G

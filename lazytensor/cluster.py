@@ -164,6 +164,11 @@ def from_matrix(ranges_i, ranges_j, keep):
     if shape != (len(ranges_i), len(ranges_j)):
         raise ValueError(f"from_matrix: keep has shape {shape}, expected "
                          f"({len(ranges_i)}, {len(ranges_j)}) (clusters of i, clusters of j)")
+    if is_torch(keep) and keep.device.type == "cpu":  # NumPy's nonzero: several times faster
+        import torch
+
+        out = from_matrix(*(a.detach().numpy() for a in (ranges_i, ranges_j, keep)))
+        return tuple(torch.from_numpy(a) for a in out)
     if is_torch(keep):
         import torch
 
@@ -173,10 +178,10 @@ def from_matrix(ranges_i, ranges_j, keep):
         ranges_i, ranges_j = ranges_i.long(), ranges_j.long()
         return (ranges_i, keep_b.sum(1).cumsum(0), ranges_j[cj],
                 ranges_j, keep_b.sum(0).cumsum(0), ranges_i[ci_t])
-    keep_b = np.asarray(keep).astype(bool)
+    keep_b = np.asarray(keep).astype(bool, copy=False)
     ranges_i, ranges_j = np.asarray(ranges_i, np.int64), np.asarray(ranges_j, np.int64)
     _, cj = np.nonzero(keep_b)
-    _, ci_t = np.nonzero(keep_b.T)
+    _, ci_t = np.nonzero(np.ascontiguousarray(keep_b.T))
     return (ranges_i, np.cumsum(keep_b.sum(1)), ranges_j[cj],
             ranges_j, np.cumsum(keep_b.sum(0)), ranges_i[ci_t])
 

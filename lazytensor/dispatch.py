@@ -72,22 +72,24 @@ class ReductionCall:
                              self.backend, self.library, self.dtype, self.device, self.batch, N, M,
                              self.device_index)
 
-    def spec(self) -> KernelSpec:
-        """The kernel of this call (everything static about it)."""
+    def spec(self, ranged: bool = False) -> KernelSpec:
+        """The kernel of this call (everything static about it); ``ranged``: its
+        block-sparse variant."""
         return KernelSpec(
             self.formula,
             tuple(VarSpec(k, d, c) for k, (d, c) in enumerate(zip(self.dims, self.cats))),
-            self.reduction, self.opts, self.dtype)
+            self.reduction, self.opts, self.dtype, ranged)
 
 
-def execute(call: ReductionCall, arrays: list) -> list:
-    """Outputs of ``call`` on canonical arrays (no autograd)."""
+def execute(call: ReductionCall, arrays: list, ranges=None) -> list:
+    """Outputs of ``call`` on canonical arrays (no autograd); block-sparse with ``ranges``
+    (a :class:`lazytensor.ranges.BlockRanges` of the call's reduction over j)."""
     arrays = _contiguous(call, arrays)
     shapes = tuple(a.shape for a in arrays)
     hit = call.memo.get("executor")
     if hit is None or hit[0] != shapes:
         hit = call.memo["executor"] = (shapes, _executor(call, shapes))
-    return hit[1](arrays)
+    return hit[1](arrays, ranges)
 
 
 def _contiguous(call: ReductionCall, arrays: list) -> list:
@@ -113,34 +115,44 @@ def _executor(call: ReductionCall, shapes: tuple):
     """A function of the arrays that allocates the outputs and runs the call."""
     specs = _out_specs(call)
     if call.backend == "numpy":
-        return lambda arrays: _run_reference(call, arrays, specs)
+        return lambda arrays, ranges: _run_reference(call, arrays, specs, ranges)
     if call.backend == "cuda":
         return _cuda_executor(call, specs)
     if call.backend != "cpu":
         raise ValueError(f"unknown backend {call.backend!r}")
-    launch = runtime.CpuLaunch(runtime.get_cpu_kernel(call.spec()), [tuple(s) for s in shapes],
-                               list(call.cats), call.batch, call.N, call.M)
-    return CpuExecutor(launch, specs, call.library == "torch")
+    return CpuExecutor(call, [tuple(s) for s in shapes], specs)
 
 
 class CpuExecutor:
-    """A CPU kernel bound to one layout of its arrays: allocates the outputs and launches."""
+    """A CPU kernel bound to one layout of its arrays: allocates the outputs and launches
+    (block-sparse calls: the call's ranged kernel, loaded on first use)."""
 
-    __slots__ = ("empty", "launch", "ptr", "specs")
+    __slots__ = ("call", "empty", "launch", "ptr", "ranged", "shapes", "specs")
 
-    def __init__(self, launch: runtime.CpuLaunch, specs: list, torch_lib: bool):
-        self.launch, self.specs = launch, specs
-        if torch_lib:
+    def __init__(self, call: ReductionCall, shapes: list, specs: list):
+        self.call, self.shapes, self.specs = call, shapes, specs
+        self.launch, self.ranged = self._launch(False), None
+        if call.library == "torch":
             import torch
 
             self.empty, self.ptr = torch.empty, _torch_ptr
         else:
             self.empty, self.ptr = np.empty, _numpy_ptr
 
-    def __call__(self, arrays: list) -> list:
+    def _launch(self, ranged: bool) -> runtime.CpuLaunch:
+        call = self.call
+        return runtime.CpuLaunch(runtime.get_cpu_kernel(call.spec(ranged)), self.shapes,
+                                 list(call.cats), call.batch, call.N, call.M)
+
+    def __call__(self, arrays: list, ranges=None) -> list:
         outs = [self.empty(shape, dtype=dt) for shape, dt in self.specs]
-        if self.launch.rows > 0:
-            self.launch(arrays, outs, self.ptr)
+        launch = self.launch
+        if ranges is not None:
+            launch = self.ranged
+            if launch is None:
+                launch = self.ranged = self._launch(True)
+        if launch.rows > 0:
+            launch(arrays, outs, self.ptr, ranges)
         return outs
 
 
@@ -158,7 +170,10 @@ def _cuda_executor(call: ReductionCall, specs: list):
         def alloc():
             return [np.empty(shape, dtype=dt) for shape, dt in specs]
 
-    def run(arrays):
+    def run(arrays, ranges=None):
+        if ranges is not None:
+            raise NotImplementedError("block-sparse ranges on the GPU: not yet supported (the "
+                                      "CPU backend runs them: move the inputs with .cpu())")
         kernel = kernels.get_cuda_kernel(spec, call.device_index)
         outs = alloc()
         if call.N > 0 and all(s > 0 for s in call.batch):
@@ -168,10 +183,10 @@ def _cuda_executor(call: ReductionCall, specs: list):
     return run
 
 
-def _run_reference(call: ReductionCall, arrays: list, specs: list) -> list:
+def _run_reference(call: ReductionCall, arrays: list, specs: list, ranges=None) -> list:
     data = [_plain(a).cpu().numpy() if is_torch(a) else a for a in arrays]
     res = reference.reduce(call.formula, data, list(call.cats), call.batch, call.N, call.M,
-                           call.reduction, call.opts_dict)
+                           call.reduction, call.opts_dict, ranges)
     outs = []
     for r, (_, dt) in zip(res, specs):
         if call.library == "torch":

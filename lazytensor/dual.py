@@ -120,12 +120,17 @@ class FusedReduction(torch.autograd.Function):
     """Sum / LogSumExp whose forward also accumulates ``Σ_j ∂F/∂v`` for the dual inputs."""
 
     @staticmethod
-    def forward(ctx, call: ReductionCall, ks: tuple, *tensors):
+    def forward(ctx, call: ReductionCall, ks: tuple, ranges, *tensors):
         fused = fused_call(call, tuple(ks))
-        outs = execute(fused.call, list(tensors))
+        outs = execute(fused.call, list(tensors), ranges)
         out, J = reductions.get(call.reduction).dual_outputs(outs, call.formula.dim)
         out = out.contiguous()
+        if ranges is not None and ranges.empty_rows().any():
+            # rows that reduce over no pair have no tangent (a log-sum-exp's would be 0/0)
+            empty = torch.from_numpy(ranges.empty_rows()).to(J.device)
+            J = J.masked_fill(empty[:, None, None], 0)
         ctx.call, ctx.ks, ctx.n_in, ctx.fused = call, tuple(ks), len(tensors), fused
+        ctx.ranges = ranges
         ctx.save_for_backward(*tensors, out, J)
         return out
 
@@ -133,11 +138,12 @@ class FusedReduction(torch.autograd.Function):
     def backward(ctx, g):
         saved = ctx.saved_tensors
         inputs, out, J = list(saved[: ctx.n_in]), saved[ctx.n_in], saved[ctx.n_in + 1]
-        needs = list(ctx.needs_input_grad[2:])
+        needs = list(ctx.needs_input_grad[3:])
         call = ctx.call
         if torch.is_grad_enabled():
             # create_graph: the symbolic path is differentiable to any order.
-            return (None, None, *reduction_vjp(call, inputs, [out], [g], needs))
+            return (None, None, None, *reduction_vjp(call, inputs, [out], [g], needs,
+                                                     ctx.ranges))
         grads = [None] * len(inputs)
         parts = _slot_gradients(J, g, ctx.fused, [call.dims[k] for k in ctx.ks],
                                 [call.cats[k] == "p" for k in ctx.ks])
@@ -146,9 +152,9 @@ class FusedReduction(torch.autograd.Function):
                 grads[k] = unbroadcast(part, inputs[k].shape)
         rest = [needs[k] and k not in ctx.ks for k in range(len(inputs))]
         if any(rest):
-            sym = reduction_vjp(call, inputs, [out], [g], rest)
+            sym = reduction_vjp(call, inputs, [out], [g], rest, ctx.ranges)
             grads = [s if s is not None else d for s, d in zip(sym, grads)]
-        return (None, None, *grads)
+        return (None, None, None, *grads)
 
 
 def _slot_gradients(J: torch.Tensor, g: torch.Tensor, fused: Fused, dims: list,

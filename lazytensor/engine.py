@@ -16,8 +16,8 @@ into arrays, allocates, launches (the kernels and launch arguments are kept by t
 The plan cache holds :data:`PLAN_CACHE_SIZE` plans, least recently used first out. A
 plan holds its calls, their loaded kernels and launch arguments and its gradient plans: a
 few kB (formulas are shared by hash-consing), so a full cache stays within tens of MB.
-Block-sparse reductions (:mod:`lazytensor.ranges`) take one plan per distinct block
-shape. :func:`clear_plans` empties it.
+Block-sparse reductions (:mod:`lazytensor.ranges`) share the plan of their formula and
+inputs; the ranges are data of the run. :func:`clear_plans` empties it.
 """
 
 from __future__ import annotations
@@ -125,19 +125,21 @@ class Plan:
     dual_slots: tuple = ()
     scalars: dict = field(default_factory=dict)  # float.hex(value) -> 1-element array
 
-    def run(self, variables: list):
-        """The outputs of the reduction on ``variables`` (of the kinds it was prepared for)."""
+    def run(self, variables: list, ranges=None):
+        """The outputs of the reduction on ``variables`` (of the kinds it was prepared for),
+        block-sparse with ``ranges`` (a :class:`lazytensor.ranges.BlockRanges` of the
+        call's reduction over j)."""
         call = self.call
         arrays = [self._scalar(v.data) if v.is_scalar else v.data for v in variables]
         route = self.route
         if route == "plain":
-            outs = execute(call, arrays)
+            outs = execute(call, arrays, ranges)
         elif route == "grad":
-            outs = self.apply(call, *arrays)
+            outs = self.apply(call, ranges, *arrays)
         elif route == "arg":
-            outs = self.apply(self.run_call, *arrays)[:1]
+            outs = self.apply(self.run_call, ranges, *arrays)[:1]
         else:
-            outs = [self.apply(call, self.dual_slots, *arrays)]
+            outs = [self.apply(call, self.dual_slots, ranges, *arrays)]
         red, F = self.red, call.formula.dim
         outs = [red.shape_output(o, F, self.opts) for o in outs[: red.user_outputs]]
         return outs[0] if len(outs) == 1 else tuple(outs)
@@ -194,24 +196,26 @@ def clear_plans() -> None:
 
 
 def reduce(formula: ir.Node, variables: list, reduction: str, axis: int, opts: dict,
-           backend: str = "auto", grad_mode: str | None = None):
+           backend: str = "auto", grad_mode: str | None = None, ranges=None):
     """Evaluate ``reduction`` of ``formula`` over ``axis`` (0: over i, 1: over j).
 
     Returns one array (or a tuple for two-output reductions) in the inputs' library.
     ``grad_mode`` ("auto", "symbolic", "dual"; default: the process-wide default) chooses
-    how torch gradients are computed (see :mod:`lazytensor.dual`).
+    how torch gradients are computed (see :mod:`lazytensor.dual`). ``ranges``: a
+    :class:`lazytensor.ranges.BlockRanges` of the reduction over ``axis`` (block-sparse).
     """
     grad_mode = grad_mode or default_grad_mode()
-    key = _plan_key(formula, variables, reduction, axis, opts, backend, grad_mode)
+    ranged = ranges is not None
+    key = _plan_key(formula, variables, reduction, axis, opts, backend, grad_mode, ranged)
     plan = _plans.get(key) if key is not None else None
     if plan is None:
-        plan = prepare(formula, variables, reduction, axis, opts, backend, grad_mode)
+        plan = prepare(formula, variables, reduction, axis, opts, backend, grad_mode, ranged)
         if key is not None:
             _plans.put(key, plan)
-    return plan.run(variables)
+    return plan.run(variables, ranges)
 
 
-def _plan_key(formula, variables, reduction, axis, opts, backend, grad_mode):
+def _plan_key(formula, variables, reduction, axis, opts, backend, grad_mode, ranged=False):
     """The key of a call's plan, or None when something in it cannot be hashed."""
     try:
         vk = tuple((v.cat, v.dim) if v.is_scalar else
@@ -219,7 +223,7 @@ def _plan_key(formula, variables, reduction, axis, opts, backend, grad_mode):
                     getattr(v.data, "device", None), getattr(v.data, "requires_grad", False))
                    for v in variables)
         key = (formula, reduction, axis, tuple(opts.items()) if opts else (), backend, vk,
-               _grad_enabled(), _transforms_active(), grad_mode)
+               _grad_enabled(), _transforms_active(), grad_mode, ranged)
         hash(key)
         return key
     except (TypeError, AttributeError):
@@ -245,9 +249,10 @@ def _transforms_active() -> bool:
 
 
 def prepare(formula: ir.Node, variables: list, reduction: str, axis: int, opts: dict,
-            backend: str = "auto", grad_mode: str = "auto") -> Plan:
+            backend: str = "auto", grad_mode: str = "auto", ranged: bool = False) -> Plan:
     """Bind and check the variables, build the call and its route through autograd, and
-    work out the symbolic part of the gradients the call will need."""
+    work out the symbolic part of the gradients the call will need (``ranged``: for
+    block-sparse runs, whose K-min blocks may see fewer than K points and pad)."""
     red = reductions.get(reduction)
     # K=np.int64(5) must hash (JSON) and compile like K=5.
     opts = {k: int(v) if isinstance(v, np.integer) else v for k, v in opts.items()}
@@ -264,7 +269,7 @@ def prepare(formula: ir.Node, variables: list, reduction: str, axis: int, opts: 
         formula = ir.swap_ij(formula)
         cats = [ir.swap_cat(c) for c in cats]
         N, M = M, N
-    red.check(formula.dim, opts, M)
+    red.check(formula.dim, opts, M)  # K > M refused, with ranges too (blocks pad)
     resolved = _resolve_backend(backend, sig.device, sig.library)
     device, index = sig.device, None
     if resolved == "cuda":

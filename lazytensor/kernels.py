@@ -48,6 +48,7 @@ class KernelSpec:
     reduction: str
     opts: tuple  # sorted (name, value) pairs
     dtype: str
+    ranged: bool = False  # the kernel of block-sparse calls (see lazytensor.ranges)
 
     @property
     def opts_dict(self) -> dict:
@@ -64,6 +65,7 @@ class KernelSpec:
             "opts": [list(o) for o in self.opts],
             "dtype": self.dtype,
             "backend": backend,
+            **({"ranged": True} if self.ranged else {}),
             **(extra or {}),
             "toolchain": identity,
             "codegen": codegen_fingerprint(),

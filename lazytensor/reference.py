@@ -31,12 +31,14 @@ def _chunks(M: int, width: int) -> tuple[int, int]:
 
 
 def reduce(formula: ir.Node, data: list, cats: list, batch: tuple, N: int, M: int,
-           reduction: str, opts: dict) -> list[np.ndarray]:
+           reduction: str, opts: dict, ranges=None) -> list[np.ndarray]:
     """Outputs of ``reduction`` over j of ``formula``, shapes ``(*batch, N, dim)``, float64/int64.
 
     ``data[k]`` is variable k in canonical form (``(*b, N, D)``, ``(*b, M, D)`` or ``(*b, D)``,
     or a Python scalar), ``cats[k]`` its category. Chunks of j that do not fit the budget
     together are reduced one after the other and merged (:meth:`Reduction.merge`).
+    ``ranges`` (a :class:`lazytensor.ranges.BlockRanges`): each block of rows reduces over
+    its intervals only, one after the other, merged in their order.
     """
     red = reductions.get(reduction)
     width = max(n.dim for n in ir.topo_order(formula))
@@ -53,28 +55,43 @@ def reduce(formula: ir.Node, data: list, cats: list, batch: tuple, N: int, M: in
             for o in red.outputs(formula.dim, opts)]
     step, cols = _chunks(M, width)
     used = {v.index for v in ir.variables(formula)}
+
+    def values(b, i0, i1, j0, j1):
+        env = {}
+        for k, (a, cat) in enumerate(zip(arrays, cats)):
+            if k not in used:
+                continue
+            ab = a[tuple(min(bi, s - 1) for bi, s in zip(b, a.shape[:nbd]))]
+            if cat == "i":
+                env[k] = ab[i0:i1, None, :]
+            elif cat == "j":
+                env[k] = ab[None, j0:j1, :]
+            else:
+                env[k] = ab[None, None, :]
+        v = evaluate(formula, env) if env else np.zeros((1, 1, formula.dim))
+        return np.broadcast_to(v, (i1 - i0, j1 - j0, formula.dim))
+
     with np.errstate(all="ignore"):
         for b in np.ndindex(*batch) if batch else [()]:
-            for i0 in range(0, N, step):
-                i1 = min(N, i0 + step)
-                state = None
-                for j0 in range(0, M, cols) if M else [0]:
-                    j1 = min(M, j0 + cols)
-                    env = {}
-                    for k, (a, cat) in enumerate(zip(arrays, cats)):
-                        if k not in used:
-                            continue
-                        ab = a[tuple(min(bi, s - 1) for bi, s in zip(b, a.shape[:nbd]))]
-                        if cat == "i":
-                            env[k] = ab[i0:i1, None, :]
-                        elif cat == "j":
-                            env[k] = ab[None, j0:j1, :]
-                        else:
-                            env[k] = ab[None, None, :]
-                    values = evaluate(formula, env) if env else np.zeros((1, 1, formula.dim))
-                    values = np.broadcast_to(values, (i1 - i0, j1 - j0, formula.dim))
-                    part = red.partial(values, opts, j0)
-                    state = part if state is None else red.merge(state, part, opts)
+            for i0, i1, intervals in _segments(N, M, step, ranges):
+                state = red.partial(values(b, i0, i1, 0, 0), opts, 0)  # the empty state
+                for s, e in intervals:
+                    for j0 in range(s, e, cols):
+                        j1 = min(e, j0 + cols)
+                        state = red.merge(state, red.partial(values(b, i0, i1, j0, j1), opts, j0),
+                                          opts)
                 for out, res in zip(outs, red.finalize(state, opts)):
                     out[b + (slice(i0, i1),)] = res
     return outs
+
+
+def _segments(N: int, M: int, step: int, ranges):
+    """(i0, i1, j-intervals) of at most ``step`` rows covering [0, N)."""
+    if ranges is None:
+        for i0 in range(0, N, step):
+            yield i0, min(N, i0 + step), [(0, M)] if M else []
+        return
+    for a, b, s0, s1 in ranges.blocks.tolist():
+        intervals = [tuple(iv) for iv in ranges.intervals[s0:s1].tolist()]
+        for i0 in range(a, b, step):
+            yield i0, min(b, i0 + step), intervals

@@ -14,8 +14,9 @@ import ctypes
 import os
 import sys
 
+from . import interrupt
 from .codegen import reductions
-from .codegen.cpu import dot_tiling_enabled
+from .codegen.cpu import HEADER_WORDS, dot_tiling_enabled
 from .kernels import Backend, KernelSpec, kernel_binary, load_once
 
 
@@ -93,7 +94,7 @@ def check_stack(spec: KernelSpec) -> None:
     from .codegen.cpu.stack import cpu_kernel_memory
 
     mem = cpu_kernel_memory(spec.formula, list(spec.var_specs), spec.reduction,
-                            spec.opts_dict, spec.dtype, dot_tiling_enabled())
+                            spec.opts_dict, spec.dtype, dot_tiling_enabled(), spec.ranged)
     budget = stack_budget()
     opts = f" with {', '.join(f'{k}={v}' for k, v in spec.opts)}" if spec.opts else ""
     what = (f"formula too large for a CPU kernel: {spec.reduction}{opts} of a formula of "
@@ -120,7 +121,8 @@ def cpu_backend() -> Backend:
     return Backend(
         "cpu", "kernel.so", compiler.identity(),
         render=lambda spec: render_cpu_kernel(spec.formula, list(spec.var_specs),
-                                              spec.reduction, spec.opts_dict, spec.dtype),
+                                              spec.reduction, spec.opts_dict, spec.dtype,
+                                              ranged=spec.ranged),
         compile=lambda source, workdir, what: compiler.compile(source, workdir, "kernel", what),
         key_extra={"dot_tiling": dot_tiling_enabled()})
 
@@ -181,10 +183,13 @@ _SMALL_WORK = 1 << 18  # pairs (~0.1 ms on one core) below which threads cost mo
 
 class CpuLaunch:
     """A kernel bound to one layout of its arguments: all of ``lt_run``'s arguments but
-    the data pointers and the thread count are computed once, so a repeated call only
-    fills one array of words (see :func:`cpu_launch`)."""
+    the data pointers, the thread count and the block-sparse pattern are computed once,
+    so a repeated call only fills one array of words.
 
-    __slots__ = ("M", "N", "_keep", "args_type", "fn", "nbd", "rows", "tables", "work")
+    ``tables``: the header words after ``jchunk`` for a full product (``&bshape, &vbs,
+    &vnb, nblocks = -1, 0, 0, &stop`` with a stop word that is never set)."""
+
+    __slots__ = ("B", "M", "N", "_keep", "args_type", "fn", "nbd", "rows", "tables", "work")
 
     def __init__(self, kernel: CpuKernel, shapes: list, cats: list, batch: tuple, N: int,
                  M: int):
@@ -204,23 +209,38 @@ class CpuLaunch:
         for s in batch:
             B *= s
         self.fn = kernel.fn
-        self.N, self.M, self.nbd = N, M, nbd
+        self.N, self.M, self.nbd, self.B = N, M, nbd, B
         self.work, self.rows = B * N * max(M, 1), B * N
-        self.args_type = ctypes.c_int64 * (8 + nv + len(kernel.outputs))
+        self.args_type = ctypes.c_int64 * (HEADER_WORDS + nv + len(kernel.outputs))
         self._keep = (bshape, vbs, vnb)
-        self.tables = tuple(ctypes.addressof(t) for t in (bshape, vbs, vnb))
+        self.tables = tuple(ctypes.addressof(t) for t in (bshape, vbs, vnb)) + (
+            -1, 0, 0, interrupt.NEVER)
 
-    def __call__(self, arrays: list, outs: list, ptr) -> None:
-        """Run on contiguous ``arrays`` into preallocated ``outs`` (``ptr``: data address)."""
-        threads, jchunk = 1, 0
-        if self.work >= _SMALL_WORK:
+    def __call__(self, arrays: list, outs: list, ptr, ranges=None) -> None:
+        """Run on contiguous ``arrays`` into preallocated ``outs`` (``ptr``: data address),
+        block-sparse with ``ranges`` (:class:`lazytensor.ranges.BlockRanges`)."""
+        threads, jchunk, tables = 1, 0, self.tables
+        if ranges is None:
+            work = self.work
+        else:
+            work = self.B * max(ranges.pairs, self.N)
+            tables = tables[:3] + (len(ranges.blocks), ranges.blocks.ctypes.data,
+                                   ranges.intervals.ctypes.data, interrupt.NEVER)
+        if work >= _SMALL_WORK:
             threads = _threads_for_launch()
             # split j when there are too few rows to share out (one query vs many points)
             if threads > 1 and self.rows < 8 * threads and self.M >= 8192:
                 pieces = -(-8 * threads // max(self.rows, 1))
                 jchunk = max(2048, -(-self.M // pieces))
-        args = self.args_type(self.N, self.M, self.nbd, threads, jchunk, *self.tables,
-                              *[ptr(a) for a in arrays], *[ptr(o) for o in outs])
-        status = self.fn(ctypes.addressof(args))
-        if status != 0:
+        words = (self.N, self.M, self.nbd, threads, jchunk)
+        pointers = [ptr(a) for a in arrays] + [ptr(o) for o in outs]
+        if work >= interrupt.INTERRUPTIBLE_WORK and interrupt.can_interrupt():
+            status = interrupt.run(self.fn, lambda stop: self.args_type(
+                *words, *tables[:6], stop, *pointers))
+        else:
+            args = self.args_type(*words, *tables, *pointers)
+            status = self.fn(ctypes.addressof(args))
+        if status & 1:
             raise MemoryError("a CPU kernel could not allocate its work buffers")
+        if status:
+            raise KeyboardInterrupt

@@ -39,3 +39,7 @@ def test_each_suite_plans_its_tables_and_all_plans_every_table():
     assert dual == ["fused gradients"] and gpytorch == ["GPyTorch-shaped products"]
     assert set(_titles("all")) == set(core) | set(grad) | set(cpu) | set(dual) | set(gpytorch)
     assert len(_titles("all")) == len(set(_titles("all")))
+
+
+def test_ranges_suite_plans_its_two_tables():
+    assert _titles("ranges") == ["block-sparse ranges", "geomloss Sinkhorn"]

@@ -139,13 +139,16 @@ def _estimate_cases():
 @pytest.mark.parametrize("name", list(_estimate_cases()))
 def test_stack_estimate_bounds_what_the_compiler_reports(name):
     """The sum of every frame g++ lays out (a bound on any chain of calls) stays within
-    the estimate, so a kernel the check lets through fits the stack it was sized for."""
+    the estimate, so a kernel the check lets through fits the stack it was sized for (the
+    block-sparse kernel as well, with its interval loop or gathering chunk loop)."""
     formula, specs, reduction, opts = _estimate_cases()[name]
-    for dtype in ("float32", "float64"):
-        frames = _frames(render_cpu_kernel(formula, specs, reduction, opts, dtype))
+    for dtype, ranged in (("float32", False), ("float64", False), ("float32", True)):
+        frames = _frames(render_cpu_kernel(formula, specs, reduction, opts, dtype,
+                                           ranged=ranged))
         used = sum(n for n, _ in frames)
-        estimate = cpu_kernel_memory(formula, specs, reduction, opts, dtype).stack
-        assert used <= estimate, (dtype, used, estimate, sorted(frames)[-3:])
+        estimate = cpu_kernel_memory(formula, specs, reduction, opts, dtype,
+                                     ranged=ranged).stack
+        assert used <= estimate, (dtype, ranged, used, estimate, sorted(frames)[-3:])
 
 
 def test_large_values_leave_the_stack_for_the_heap():

@@ -22,6 +22,7 @@ import os
 WIDE = 16
 DOT_MIN_DIM = 16  # dot products below this are as fast in the pair loop (measured, D=3..16)
 MAX_DOT_DIM = 4096  # bounds the per-thread buffer of packed rows (rows per item x D)
+HEADER_WORDS = 12  # words of lt_run's argument array before the data pointers (kernel.py)
 
 
 def dot_tiling_enabled() -> bool:

@@ -20,18 +20,27 @@ products become small matrix products (:mod:`lazytensor.codegen.cpu.gemm`). Then
 - a Sum of wide terms that are weights times j-variables runs its narrow part in the
   pair loop and the rest as weighted sums of the j-vectors
   (:mod:`lazytensor.codegen.cpu.wide`);
-- split-j partial accumulators are merged with ``Acc::merge``.
+- split-j partial accumulators are merged with ``Acc::merge``;
+- block-sparse calls (``ranges``) are work items too: a piece of a block of rows against
+  its list of j-intervals, the same accumulators and merges.
 
 The kernel runs with denormals flushed to zero (``LtFtz``, as CUDA's fast math does):
 an underflowing exp would otherwise cost a hundred cycles per pair.
 
 Calling convention: ``lt_run(args)``, one array of 64-bit words (one ctypes argument is
-the cheapest call): ``N, M, nbd, nthreads, jchunk, &bshape, &vbs, &vnb``, then the data
-pointer of each variable (contiguous ``(batch..., rows, dim)``), then of each output
-(contiguous ``(B, N, dim_o)``). ``vbs[v * nbd + k]`` is variable v's stride *in (rows,
-dim) blocks* along batch dimension k (0 where broadcast), ``vnb[v]`` its number of
-blocks; ``jchunk`` > 0 splits j into chunks (rounded up to the tile length). Returns 0,
-or 1 when a work buffer could not be allocated.
+the cheapest call): ``N, M, nbd, nthreads, jchunk, &bshape, &vbs, &vnb, nblocks, &blocks,
+&intervals, &stop`` (``HEADER_WORDS``), then the data pointer of each variable
+(contiguous ``(batch..., rows, dim)``), then of each output (contiguous ``(B, N, dim_o)``).
+``vbs[v * nbd + k]`` is variable v's stride *in (rows, dim) blocks* along batch dimension
+k (0 where broadcast), ``vnb[v]`` its number of blocks; ``jchunk`` > 0 splits j into
+chunks (rounded up to the tile length). ``nblocks`` >= 0 makes the call block-sparse:
+``blocks`` holds ``(i0, i1, s0, s1)`` per block of rows, which together cover the rows
+[0, N) once, and each block reduces over the intervals ``intervals[2s] <= j <
+intervals[2s + 1]`` for s in [s0, s1), in that order, in every batch element (blocks
+without intervals give the empty reduction); their pieces of at most a work item's rows
+are the work items. ``nblocks`` = -1: the full product. ``stop`` points to an int that
+another thread may set: the kernel then returns 2 within a chunk of work per thread,
+with the outputs unfinished. Returns 0, or 1 when a work buffer could not be allocated.
 
 >>> from lazytensor.codegen import ir, ops
 >>> from lazytensor.codegen.render_c import VarSpec
@@ -46,10 +55,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import reductions
+from .. import ir, reductions
 from ..footprint import FUNCTION_STACK_BYTES, Storage, check_dims, function_footprint
 from ..linearize import Linear, wide_sum
 from ..render_c import prelude, render_formula, render_function, render_shared
+from . import HEADER_WORDS
 from .gemm import dot_kernel, dot_micro, sqdist_fix
 from .layout import Layout, stage_chunk
 from .plan import CpuPlan, plan_cpu
@@ -71,6 +81,26 @@ MAX_ROWS_PER_ITEM = 256  # rows of a work item (fewer when N is small or Acc is 
 CPU_STORAGE = Storage("lt_heap.p", 64)
 
 
+_ACC_TMP = f"""
+enum {{ LT_HEADER = {HEADER_WORDS} }};
+// The accumulators of an interval reduced apart (see lt_rows): per thread, kept across calls.
+struct LtAccTmp {{
+  Acc* p = 0;
+  int64_t n = 0;
+  ~LtAccTmp() {{ free(p); }}
+  Acc* get(int64_t len) {{
+    if (len > n) {{
+      free(p);
+      p = (Acc*)malloc(sizeof(Acc) * (size_t)len);
+      n = p ? len : 0;
+    }}
+    return p;
+  }}
+}};
+static thread_local LtAccTmp lt_acc_tmp;
+"""
+
+
 def tile_size(F: int, dtype: str) -> int:
     """j-tile length: the tile buffer F x TJ stays within 16 KB of L1."""
     size = 4 if dtype == "float32" else 8
@@ -81,9 +111,12 @@ def tile_size(F: int, dtype: str) -> int:
 
 
 def _row_block(L: Layout, F: int, R: int, after_tile: str = "", lanes: int = 0,
-               after_rows: str = "", heap_len: int = 0) -> str:
-    """``lt_rows``: rows [i0, i1) against columns [jb, je) into ``accs`` (``after_tile``:
-    a statement run after each ``Acc::tile``, see :mod:`lazytensor.codegen.cpu.wide`).
+               after_rows: str = "", heap_len: int = 0, gather: set | None = None) -> str:
+    """``lt_rows``: rows [i0, i1) against a list of column intervals into ``accs``
+    (``after_tile``: a statement run after each ``Acc::tile`` on ``A[i - i0]``, see
+    :mod:`lazytensor.codegen.cpu.wide`). ``gather`` (the indices of the variables the
+    planned formula reads): the columns of consecutive intervals are staged together,
+    chunk after chunk (see :func:`_gather_loop`).
 
     ``after_rows``: a statement run once the block's rows have their tiles (each row its
     own tile buffer ``fb + r * F * TJ``), for the weighted sums of several rows at once.
@@ -109,8 +142,10 @@ def _row_block(L: Layout, F: int, R: int, after_tile: str = "", lanes: int = 0,
         extra.append(f"ni * {nrv}")
     if L.dots:
         decl.append(f"  const int64_t ni = (i1 - i0 + {R} - 1) / {R} * {R};")
-    if L.buffer_dims or extra:
-        size = " + ".join([f"(size_t){L.buffer_dims} * JCH"] + extra)
+    gathered = _in_place(L, gather) if gather is not None else {}
+    staged_dims = L.buffer_dims + sum(d for _, d in gathered.values())
+    if staged_dims or extra:
+        size = " + ".join([f"(size_t){staged_dims} * JCH"] + extra)
         decl.append(f"  T* const S = lt_stage.get({size});")
         decl.append("  if (!S) return 1;")
     at = f"S + (size_t){L.buffer_dims} * JCH"
@@ -197,6 +232,10 @@ def _row_block(L: Layout, F: int, R: int, after_tile: str = "", lanes: int = 0,
         elif k in L.col_source:  # a dot product's operand only: the formula does not read it
             jloads.append(f"            const T* y{k} = 0;")
             call.append(f"y{k}")
+        elif k in gathered:  # staged after the others by the gathering chunk loop
+            row_ptrs.append(f"          const T* Y{k} = S + {gathered[k][0]} * JCH + t0;")
+            jloads.append(f"            const T y{k}[1] = {{Y{k}[jj]}};")
+            call.append(f"y{k}")
         else:  # a j-variable of dimension 1 (or one the formula does not read): in place
             jloads.append(f"            const T* y{k} = P{k} + (j0 + jj) * {v.dim};")
             call.append(f"y{k}")
@@ -210,18 +249,18 @@ def _row_block(L: Layout, F: int, R: int, after_tile: str = "", lanes: int = 0,
 {nl.join(jloads)}
             alignas(64) T o[{F}];
             lt_formula({", ".join(call)}, o);
-            accs[i - i0].push(o, j0 + jj);
+            A[i - i0].push(o, j0 + jj);
           }}"""
     else:
         if lanes:
             store = "fb[k * TJ + jj] += o[k]"
             hand_over = f"""          if ((j0 - c0) / TJ % {lanes} == {lanes - 1} || j0 + TJ >= c1) {{
-            accs[i - i0].tile(fb, TJ, j0);
+            A[i - i0].tile(fb, TJ, j0);
             for (int q = 0; q < {F} * TJ; ++q) fb[q] = 0;
           }}"""
         else:
             store = f"{fbuf}[k * TJ + jj] = o[k]"
-            hand_over = f"          accs[i - i0].tile({fbuf}, nj, j0);{after_tile}"
+            hand_over = f"          A[i - i0].tile({fbuf}, nj, j0);{after_tile}"
         loop = f"""          // GCC ivdep, not omp simd: omp simd privatizes the local arrays before inlining
           // and then fails to vectorize; with ivdep they are scalarized and it vectorizes.
           #pragma GCC ivdep
@@ -267,18 +306,7 @@ def _row_block(L: Layout, F: int, R: int, after_tile: str = "", lanes: int = 0,
 {hand_over}"""
         else:
             pair_loop = loop.replace("@START@", "0") + "\n" + hand_over
-    return f"""
-// Rows [i0, i1) against columns [jb, je), chunk by chunk. Returns 1 when out of memory.
-static int lt_rows({ptr_args}, int64_t i0, int64_t i1, int64_t jb, int64_t je, Acc* accs) {{
-{nl.join(decl)}
-  for (int64_t i = i0; i < i1; ++i) accs[i - i0].init();
-{prep_item}
-  for (int64_t c0 = jb; c0 < je; c0 += JCH) {{
-    const int64_t c1 = (c0 + JCH < je) ? c0 + JCH : je, nc = c1 - c0;
-    const int64_t ncp = (nc + TJ - 1) / TJ * TJ;
-    (void)ncp;
-{stage_chunk(L)}
-    for (int64_t ig = i0; ig < i1; ig += {R}) {{
+    rows_of_chunk = f"""    for (int64_t ig = i0; ig < i1; ig += {R}) {{
       const int nr = (int)((i1 - ig) < {R} ? (i1 - ig) : {R});
 {nl.join(block_ptrs)}
 {prep_block}
@@ -293,7 +321,102 @@ static int lt_rows({ptr_args}, int64_t i0, int64_t i1, int64_t jb, int64_t je, A
 {pair_loop}
         }}{after_rows}
       }}
+    }}"""
+    head = f"""
+static int lt_rows({ptr_args}, int64_t i0, int64_t i1, const int64_t* iv, int64_t niv,
+                   Acc* accs, const int* stop) {{
+  for (int64_t i = i0; i < i1; ++i) accs[i - i0].init();
+  if (niv == 0) return 0;
+{nl.join(decl)}
+{prep_item}"""
+    if gather is not None:
+        return _gather_loop(L, gathered, head, rows_of_chunk)
+    return f"""
+// Rows [i0, i1) against the columns of the niv intervals iv[2q] <= j < iv[2q + 1], in
+// that order, chunk by chunk. An interval that starts below a column already reduced (out
+// of order, or repeated) is reduced into accumulators of its own and merged: the tiles'
+// fast paths take their columns to come after every index kept. Returns 0, 1 when out of
+// memory, 2 when *stop was set (checked before each chunk).{head}
+  int64_t seen = INT64_MIN;  // past the largest column reduced so far
+  for (int64_t q = 0; q < niv; ++q) {{
+  const int64_t jb = iv[2 * q], je = iv[2 * q + 1];
+  if (je <= jb) continue;
+  Acc* A = accs;
+  if (jb < seen) {{
+    A = lt_acc_tmp.get(i1 - i0);
+    if (!A) return 1;
+    for (int64_t i = i0; i < i1; ++i) A[i - i0].init();
+  }}
+  for (int64_t c0 = jb; c0 < je; c0 += JCH) {{
+    if (__atomic_load_n(stop, __ATOMIC_RELAXED)) return 2;
+    const int64_t c1 = (c0 + JCH < je) ? c0 + JCH : je, nc = c1 - c0;
+    const int64_t ncp = (nc + TJ - 1) / TJ * TJ;
+    (void)ncp;
+{stage_chunk(L)}
+{rows_of_chunk}
+  }}
+  if (A != accs)
+    for (int64_t i = i0; i < i1; ++i) accs[i - i0].merge(A[i - i0]);
+  if (je > seen) seen = je;
+  }}
+  return 0;
+}}
+"""
+
+
+def _in_place(L: Layout, used: set) -> dict:
+    """{index: (offset in S, dim)}: the j-variables the pair loop reads in place (dimension
+    1) among ``used``, which a gathering chunk loop stages after the staged values."""
+    out, at = {}, L.buffer_dims
+    for v in L.formula_specs:
+        k = v.index
+        if (v.cat == "j" and k in used and k not in L.dot_index and k not in L.stage_offset
+                and k not in L.col_source and k not in L.row_offset):
+            out[k] = (at, v.dim)
+            at += v.dim
+    return out
+
+
+def _gather_loop(L: Layout, gathered: dict, head: str, rows_of_chunk: str) -> str:
+    """``lt_rows`` of a block-sparse kernel whose reduction outputs no index: the columns
+    of consecutive intervals fill one chunk of up to JCH staged columns, so that short
+    intervals (clusters of a few points) still give the pair loop whole tiles. The
+    accumulators see chunk-local column numbers (no output depends on them)."""
+    dims = {v.index: v.dim for v in L.orig}
+    copies = []
+    for k, (off, d) in [(v.index, (L.stage_offset[v.index], v.dim)) for v in L.staged] + list(
+            gathered.items()):
+        if k in L.col_source:
+            s = L.col_source[k]
+            copies.append(f"        {{ T o[{d}]; lt_col{k}(P{s} + (off + jj) * {dims[s]}, o); "
+                          f"for (int c = 0; c < {d}; ++c) S[({off} + c) * JCH + nc + jj] = o[c]; }}")
+        else:
+            copies.append(f"        {{ const T* src = P{k} + (off + jj) * {d}; "
+                          f"for (int c = 0; c < {d}; ++c) S[({off} + c) * JCH + nc + jj] = src[c]; }}")
+    nl = "\n"
+    return f"""
+// Rows [i0, i1) against the columns of the niv intervals iv[2q] <= j < iv[2q + 1], staged
+// one interval after the other into chunks of up to JCH columns (a sum: the order of the
+// terms does not matter). Returns 0, 1 when out of memory, 2 when *stop was set (checked
+// before each chunk).{head}
+  Acc* const A = accs;
+  int64_t q = 0, off = iv[0];
+  for (;;) {{
+    if (__atomic_load_n(stop, __ATOMIC_RELAXED)) return 2;
+    int64_t nc = 0;
+    while (q < niv && nc < JCH) {{
+      const int64_t e = iv[2 * q + 1];
+      if (off >= e) {{ if (++q < niv) off = iv[2 * q]; continue; }}
+      const int64_t take = (e - off < JCH - nc) ? e - off : JCH - nc;
+      for (int64_t jj = 0; jj < take; ++jj) {{
+{nl.join(copies)}
+      }}
+      nc += take;
+      off += take;
     }}
+    if (nc == 0) break;
+    const int64_t c0 = 0, c1 = nc;
+{rows_of_chunk}
   }}
   return 0;
 }}
@@ -369,16 +492,18 @@ def _shape(formula, var_specs, dtype, dot_tiling, lin=None) -> KernelShape | Non
 
 
 def render_cpu_kernel(formula, var_specs, reduction: str, opts: dict, dtype: str,
-                      dot_tiling: bool | None = None) -> str:
+                      dot_tiling: bool | None = None, ranged: bool = False) -> str:
     """Complete C++ source of the CPU kernel ``lt_run`` (see the module docstring).
 
     A Sum of wide terms that are weights times j-variables runs its narrow part in the
-    pair loop and the rest as weighted sums of the j-vectors (:mod:`lazytensor.codegen.cpu.wide`)."""
+    pair loop and the rest as weighted sums of the j-vectors (:mod:`lazytensor.codegen.cpu.wide`).
+    ``ranged``: the kernel of block-sparse calls, which stages the columns of consecutive
+    intervals together when the pair loop allows it (see :func:`_gather_loop`)."""
     return _render(cpu_kernel_shape(formula, var_specs, reduction, dtype, dot_tiling),
-                   reduction, opts, dtype)
+                   reduction, opts, dtype, ranged)
 
 
-def _render(shape: KernelShape, reduction, opts, dtype) -> str:
+def _render(shape: KernelShape, reduction, opts, dtype, ranged=False) -> str:
     plan, L, lin, tj, jch = shape.plan, shape.layout, shape.lin, shape.tj, shape.jch
     F = plan.formula.dim
     R = "LT_R" if L.dots else "1"  # rows per block: LT_R depends on the vector width
@@ -414,16 +539,24 @@ def _render(shape: KernelShape, reduction, opts, dtype) -> str:
         src.append(dot_kernel(D))
     for D in sorted({d.dim for d in L.dots if d.kind == "sqdist"}):
         src.append(sqdist_fix(D))
+    src.append(_ACC_TMP)
+    red = reductions.get(reduction)
     lanes = 0
-    if lin is None and not L.dots and not L.wide and tj >= 64 and reductions.get(reduction).lanes_add(opts):
+    if lin is None and not L.dots and not L.wide and tj >= 64 and red.lanes_add(opts):
         lanes = max(1, LANE_TERMS // tj)  # tj >= 64: whole vectors (lt_vec) of lanes
-    if lin is not None and L.dots and reductions.get(reduction).wide == "sum":
+    if lin is not None and L.dots and red.wide == "sum":
         # several rows' weights against each tile of B at once (wide.lt_wblock)
-        src.append(_row_block(L, F, R, after_rows="\n        " + wide_block_call(lin, f"{F} * TJ"),
-                                  heap_len=heap_len))
-    else:
-        src.append(_row_block(L, F, R, "" if lin is None else "\n          " + wide_call(lin), lanes,
+        src.append(_row_block(L, F, R, after_rows="\n        " + wide_block_call(lin, f"{F} * TJ", "A"),
                               heap_len=heap_len))
+    else:
+        # Block-sparse calls of the plain pair loop stage several intervals per chunk, unless
+        # the reduction outputs indices (the tiles then need their global column numbers).
+        gather = None
+        if (ranged and lin is None and not L.dots and not L.wide
+                and all(o.kind == "value" for o in red.outputs(F, opts))):
+            gather = {v.index for v in ir.variables(plan.formula)}
+        after = "" if lin is None else "\n          " + wide_call(lin, "A[i - i0]")
+        src.append(_row_block(L, F, R, after, lanes, heap_len=heap_len, gather=gather))
     # With dot products each work item packs all its columns once: below 4 row blocks
     # per item that packing costs more than a third of the products, so fewer, larger
     # items are worth some imbalance between threads.
@@ -442,20 +575,37 @@ struct LtCtx {{
   const int64_t* vbs;
   void* const* outs;
   Acc* part;
+  // block-sparse: npieces pieces (i0, i1, first interval, end of intervals) of at most IB
+  // rows each, the same in every batch element; pieces == 0 without ranges
+  int64_t npieces;
+  const int64_t* pieces;
+  const int64_t* ivs;
+  const int* stop;
 }};
 
 static int lt_item(const LtCtx& c, int64_t w) {{
-  const int64_t jc = w % c.nJC, rest = w / c.nJC, ib = rest % c.nIB, b = rest / c.nIB;
+  if (__atomic_load_n(c.stop, __ATOMIC_RELAXED)) return 2;
+  int64_t b, i0, i1, jc = 0, niv = 1, one[2];
+  const int64_t* iv = one;
+  if (c.pieces) {{
+    const int64_t* p = c.pieces + 4 * (w % c.npieces);
+    b = w / c.npieces; i0 = p[0]; i1 = p[1]; iv = c.ivs + 2 * p[2]; niv = p[3] - p[2];
+  }} else {{
+    jc = w % c.nJC;
+    const int64_t rest = w / c.nJC, ib = rest % c.nIB;
+    b = rest / c.nIB;
+    i0 = ib * c.IB; i1 = (i0 + c.IB < c.N) ? i0 + c.IB : c.N;
+    one[0] = jc * c.JC; one[1] = (one[0] + c.JC < c.M) ? one[0] + c.JC : c.M;
+  }}
   int64_t blk[{nv}];
   for (int v = 0; v < {nv}; ++v) blk[v] = 0;
   for (int64_t k = c.nbd - 1, q = b; k >= 0; --k) {{
     const int64_t idx = q % c.bshape[k]; q /= c.bshape[k];
     for (int v = 0; v < {L.n_orig}; ++v) blk[v] += idx * c.vbs[v * c.nbd + k];
   }}
-  const int64_t i0 = ib * c.IB, i1 = (i0 + c.IB < c.N) ? i0 + c.IB : c.N;
-  const int64_t jb = jc * c.JC, je = (jb + c.JC < c.M) ? jb + c.JC : c.M;
   Acc accs[LT_MAX_IB];
-  if (lt_rows({_item_pointers(L)}, i0, i1, jb, je, accs)) return 1;
+  const int status = lt_rows({_item_pointers(L)}, i0, i1, iv, niv, accs, c.stop);
+  if (status) return status;
   for (int64_t i = i0; i < i1; ++i) {{
     if (c.nJC == 1) accs[i - i0].write(c.outs, b * c.N + i);
     else c.part[(b * c.N + i) * c.nJC + jc] = accs[i - i0];
@@ -463,35 +613,64 @@ static int lt_item(const LtCtx& c, int64_t w) {{
   return 0;
 }}
 
+// The blocks (i0, i1, s0, s1) of a block-sparse call, cut into pieces of at most IB rows
+// (malloc'ed, 4 words each; *n of them); null when out of memory.
+static int64_t* lt_pieces(const int64_t* blocks, int64_t nblocks, int64_t IB, int64_t* n) {{
+  int64_t count = 0;
+  for (int64_t k = 0; k < nblocks; ++k)
+    if (blocks[4 * k + 1] > blocks[4 * k]) count += (blocks[4 * k + 1] - blocks[4 * k] + IB - 1) / IB;
+  int64_t* out = (int64_t*)malloc(sizeof(int64_t) * 4 * (size_t)(count > 0 ? count : 1));
+  if (!out) return 0;
+  int64_t* p = out;
+  for (int64_t k = 0; k < nblocks; ++k) {{
+    const int64_t* blk = blocks + 4 * k;
+    for (int64_t i0 = blk[0]; i0 < blk[1]; i0 += IB, p += 4) {{
+      p[0] = i0; p[1] = (i0 + IB < blk[1]) ? i0 + IB : blk[1]; p[2] = blk[2]; p[3] = blk[3];
+    }}
+  }}
+  *n = count;
+  return out;
+}}
+
 static_assert(sizeof(void*) == sizeof(int64_t), "64-bit pointers");
 extern "C" int lt_run(const int64_t* args) {{
-  const int64_t N = args[0], M = args[1], jchunk = args[4];
+  const int64_t N = args[0], M = args[1], jchunk = args[4], nblocks = args[8];
   const int nbd = (int)args[2];
   int nthreads = (int)args[3];
   const int64_t* bshape = (const int64_t*)(intptr_t)args[5];
   const int64_t* vbs = (const int64_t*)(intptr_t)args[6];
-  const void* const* vars = (const void* const*)(args + 8);
-  void* const* outs = (void* const*)(args + 8 + {L.n_orig});
+  const void* const* vars = (const void* const*)(args + LT_HEADER);
+  void* const* outs = (void* const*)(args + LT_HEADER + {L.n_orig});
   LtCtx c;
   for (int v = 0; v < {nv}; ++v) c.base[v] = v < {L.n_orig} ? (const T*)vars[v] : 0;
   if (nthreads < 1) nthreads = 1;
   int64_t B = 1;
   for (int k = 0; k < nbd; ++k) B *= bshape[k];
   c.N = N; c.M = M; c.nbd = nbd; c.bshape = bshape; c.vbs = vbs; c.outs = outs; c.part = 0;
+  c.stop = (const int*)(intptr_t)args[11];
+  c.ivs = (const int64_t*)(intptr_t)args[10];
+  c.pieces = 0; c.npieces = 0;
   int64_t IB = N / (8 * nthreads) + 1;{min_ib}
   if (IB > LT_MAX_IB) IB = LT_MAX_IB;
   IB = (IB + {R} - 1) / {R} * {R};
   c.IB = IB;
   c.nIB = (N + IB - 1) / IB;
-  const int64_t JC = (jchunk > 0 && jchunk < M) ? (jchunk + TJ - 1) / TJ * TJ : (M > 0 ? M : 1);
+  const bool sparse = nblocks >= 0;
+  const int64_t JC = (!sparse && jchunk > 0 && jchunk < M) ? (jchunk + TJ - 1) / TJ * TJ : (M > 0 ? M : 1);
   c.JC = JC;
   c.nJC = (M + JC - 1) / JC > 0 ? (M + JC - 1) / JC : 1;
+  if (sparse) {{
+    c.nJC = 1;
+    int64_t* pieces = lt_pieces((const int64_t*)(intptr_t)args[9], nblocks, IB, &c.npieces);
+    if (!pieces) return 1;
+    c.pieces = pieces;
+  }}
   const int64_t nrows = B * N;
   if (c.nJC > 1) {{
     c.part = (Acc*)malloc(sizeof(Acc) * (size_t)(nrows * c.nJC));
     if (!c.part) return 1;
   }}
-  const int64_t W = B * c.nIB * c.nJC;
+  const int64_t W = sparse ? B * c.npieces : B * c.nIB * c.nJC;
   int status = 0;
   if (nthreads > 1 && W > 1) {{
     #pragma omp parallel num_threads(nthreads < W ? nthreads : (int)W) reduction(|:status)
@@ -517,6 +696,7 @@ extern "C" int lt_run(const int64_t* args) {{
     }}
   }}
   free(c.part);
+  free((void*)c.pieces);
   return status;
 }}
 """)

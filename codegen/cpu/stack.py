@@ -52,8 +52,10 @@ def acc_bytes(reduction: str, F: int, opts: dict) -> int:
 
 
 def cpu_kernel_memory(formula, var_specs, reduction: str, opts: dict, dtype: str,
-                      dot_tiling: bool | None = None) -> KernelMemory:
-    """The memory per thread of the kernel ``render_cpu_kernel`` emits for these arguments."""
+                      dot_tiling: bool | None = None, ranged: bool = False) -> KernelMemory:
+    """The memory per thread of the kernel ``render_cpu_kernel`` emits for these arguments
+    (``ranged``: the block-sparse kernel, whose gathering chunk loop holds one column's
+    value of each staged column function)."""
     shape = cpu_kernel_shape(formula, var_specs, reduction, dtype, dot_tiling)
     size = element_size(dtype)
     L, tj = shape.layout, shape.tj
@@ -72,6 +74,8 @@ def cpu_kernel_memory(formula, var_specs, reduction: str, opts: dict, dtype: str
         "accumulators": max(ACC_BLOCK_BYTES, rows * acc) + 2 * acc,
         "weighted sums": (2 * tj + formula.dim) * size if shape.lin is not None else 0,
         "kernel frames": FIXED_BYTES,
+        "gathered column": (max([d.var.dim for d in shape.plan.cols] + [0]) * size
+                            if ranged else 0),
     }
     return KernelMemory(sum(parts.values()), shape.heap_elements * size, parts)
 

@@ -268,9 +268,10 @@ def wide_call(lin: Linear, acc: str = "accs[i - i0]") -> str:
     return f"{acc}.wtile(fb, nj, j0, {', '.join(f'P{k}' for k in bvars)});"
 
 
-def wide_block_call(lin: Linear, fb_stride: str) -> str:
+def wide_block_call(lin: Linear, fb_stride: str, accs: str = "accs") -> str:
     """The statement a row block runs after its rows' pair loops (rows ig..ig + nr, row
-    r's tile buffer at ``fb + r * fb_stride``): :func:`wide_acc_code`'s ``lt_wblock``."""
+    r's tile buffer at ``fb + r * fb_stride``, their accumulators from ``accs + (ig - i0)``):
+    :func:`wide_acc_code`'s ``lt_wblock``."""
     bvars = _bvars(lin)
-    return (f"lt_wblock(fb, {fb_stride}, nr, nj, j0, accs + (ig - i0), "
+    return (f"lt_wblock(fb, {fb_stride}, nr, nj, j0, {accs} + (ig - i0), "
             f"{', '.join(f'P{k}' for k in bvars)});")
