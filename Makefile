@@ -25,7 +25,7 @@ demo: $(STAMP)
 # emulator in tests/cuda_emulator through pycuda built against its fake driver: slower, so
 # a target of their own. Without nvcc they are skipped, saying why.
 test: $(STAMP)
-	@echo "make test: the suite takes about 10 minutes on 2 cores; skipped groups are summarized at the end"
+	@echo "make test: the suite takes about 12 minutes on 2 cores; skipped groups are summarized at the end"
 	$(PY) -m pytest -q -p no:cacheprovider -m "not cuda and not distributed" tests
 
 test-cuda: $(PYCUDA)
