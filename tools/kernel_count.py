@@ -97,17 +97,19 @@ int main(int argc, char** argv) {
   const int64_t dims[] = {@DIMS@}; const char cats[] = "@CATS@"; const int64_t odims[] = {@ODIMS@};
   const int nv = sizeof(dims) / sizeof(dims[0]), no = sizeof(odims) / sizeof(odims[0]);
   std::vector<std::vector<T> > data(nv); std::vector<std::vector<double> > out(no);
-  std::vector<int64_t> args(8 + nv + no);
-  int64_t one = 1; args[0] = N; args[1] = M; args[2] = 0; args[3] = 1; args[4] = 0;
+  const int H = LT_HEADER;  // header words (see the kernel's calling convention)
+  std::vector<int64_t> args(H + nv + no);
+  int64_t one = 1; int stop = 0; args[0] = N; args[1] = M; args[2] = 0; args[3] = 1; args[4] = 0;
   args[5] = args[6] = args[7] = (int64_t)(intptr_t)&one;
+  args[8] = -1; args[9] = args[10] = 0; args[11] = (int64_t)(intptr_t)&stop;
   unsigned s = 12345;
   for (int v = 0; v < nv; ++v) {
     const int64_t rows = cats[v] == 'i' ? N : cats[v] == 'j' ? M : 1;
     data[v].resize(rows * dims[v]);
     for (auto& e : data[v]) { s = s * 1664525u + 1013904223u; e = (T)((s >> 8) * (1.0 / 16777216.0) - 0.5); }
-    args[8 + v] = (int64_t)(intptr_t)data[v].data();
+    args[H + v] = (int64_t)(intptr_t)data[v].data();
   }
-  for (int o = 0; o < no; ++o) { out[o].resize(N * odims[o]); args[8 + nv + o] = (int64_t)(intptr_t)out[o].data(); }
+  for (int o = 0; o < no; ++o) { out[o].resize(N * odims[o]); args[H + nv + o] = (int64_t)(intptr_t)out[o].data(); }
   std::vector<double> t;
   for (int r = 0; r < reps; ++r) { const double t0 = lt_cpu_now(); lt_run(args.data()); t.push_back(lt_cpu_now() - t0); }
   std::sort(t.begin(), t.end());
