@@ -30,6 +30,7 @@ from .codegen.arraymath import torch_namespace
 from .codegen.compositions import concat
 from .codegen.evaluate import evaluate
 from .codegen.linearize import GradientPlan, plan_gradient_sum
+from . import twosided
 from .dispatch import ReductionCall, execute
 from .transforms import gathered_values, reduction_jvp, vmap_rule
 
@@ -208,7 +209,10 @@ def reduction_vjp(call, inputs, outs, grads, needs, ranges=None) -> list:
         return [None] * len(inputs)
     args = [*inputs, *outs[: red.vjp_saves], g]
     result = [None] * len(inputs)
-    for side in plan.sides:
+    totals = None
+    if len(plan.sides) == 2 and twosided.applies(call, args, ranges):
+        totals = twosided.two_sided_totals(call, plan, args)  # both sides in one kernel
+    for n, side in enumerate(plan.sides):
         side_ranges = ranges
         if ranges is not None and call.cats[side.slots[0]] == "j":
             side_ranges = ranges.t()
@@ -220,7 +224,7 @@ def reduction_vjp(call, inputs, outs, grads, needs, ranges=None) -> list:
             lse = args[slot]  # log s's value, lse's derivative (m is a constant shift)
             logs = torch.log(s) + (lse - lse.detach())
             side_args = [*args[:slot], torch.cat([m, logs], dim=-1), *args[slot + 1:]]
-        total = _side_sum(side, side_args, side_ranges)
+        total = totals[n] if totals else _side_sum(side, side_args, side_ranges)
         if side.normalized:  # Σ_j e C / Σ_j e; no term at all (M = 0): the plain sum, 0
             weights = total[..., -1:]
             total = total[..., :-1] / torch.where(weights == 0, torch.ones_like(weights), weights)
@@ -250,6 +254,8 @@ def _side_sum(side: SideGradient, args: list, ranges=None):
     split = plan.split
     if split is None:
         return G
+    if _plain_backward(G, args):
+        return add_row_terms(split, G, args, call.cats)
     out = G[..., : split.dim]
     arrays = {}
     for k, (a, cat) in enumerate(zip(args, call.cats)):
@@ -271,6 +277,36 @@ def _side_sum(side: SideGradient, args: list, ranges=None):
         pos = off + term.shape[-1]
     parts.append(out[..., pos:])
     return torch.cat(parts, -1)
+
+
+def _plain_backward(G, args: list) -> bool:
+    """A backward that builds no graph, on CPU tensors outside torch.func transforms:
+    its row terms can be added in NumPy. On a busy machine each parallel torch operation
+    waits for a scheduler slice (tens of ms for a few small operations, measured)."""
+    return (not torch.is_grad_enabled() and G.device.type == "cpu"
+            and not torch._C._are_functorch_transforms_active()
+            and (_is_wrapped is None or not any(_is_wrapped(a) for a in args)))
+
+
+def add_row_terms(split, G, args: list, cats: tuple):
+    """``G[..., :split.dim]`` plus the row terms ``coef * G[..., weight] * L(i)`` (see
+    :class:`lazytensor.codegen.linearize.RowSplit`), in NumPy, in place in ``G``'s memory
+    (a torch view of it is returned); for backwards that build no graph."""
+    import numpy as np
+
+    g = G.detach().numpy()
+    out = g[..., : split.dim]
+    arrays = {}
+    for k, (a, cat) in enumerate(zip(args, cats)):
+        if cat == "i":
+            arrays[k] = a.detach().numpy()
+        elif cat == "p":
+            arrays[k] = a.detach().numpy()[..., None, :]  # (*batch, 1, D) against rows
+    for t in split.terms:
+        L = (evaluate(t.factor, arrays) if t.factor.op != "const"
+             else np.asarray(t.factor.params, dtype=g.dtype))
+        out[..., t.offset: t.offset + t.dim] += (t.coef * g[..., t.weight: t.weight + 1]) * L
+    return torch.from_numpy(out)
 
 
 def unbroadcast(grad, shape):

@@ -61,6 +61,7 @@ from ..linearize import Linear, wide_sum
 from ..render_c import prelude, render_formula, render_function, render_shared
 from . import HEADER_WORDS
 from .gemm import dot_kernel, dot_micro, sqdist_fix
+from .gather import gather_loop, in_place
 from .layout import Layout, stage_chunk
 from .plan import CpuPlan, plan_cpu
 from .simd import cpu_renames, heap_defs, prelude_defs, vector_header
@@ -116,7 +117,7 @@ def _row_block(L: Layout, F: int, R: int, after_tile: str = "", lanes: int = 0,
     (``after_tile``: a statement run after each ``Acc::tile`` on ``A[i - i0]``, see
     :mod:`lazytensor.codegen.cpu.wide`). ``gather`` (the indices of the variables the
     planned formula reads): the columns of consecutive intervals are staged together,
-    chunk after chunk (see :func:`_gather_loop`).
+    chunk after chunk (see :func:`lazytensor.codegen.cpu.gather.gather_loop`).
 
     ``after_rows``: a statement run once the block's rows have their tiles (each row its
     own tile buffer ``fb + r * F * TJ``), for the weighted sums of several rows at once.
@@ -142,7 +143,7 @@ def _row_block(L: Layout, F: int, R: int, after_tile: str = "", lanes: int = 0,
         extra.append(f"ni * {nrv}")
     if L.dots:
         decl.append(f"  const int64_t ni = (i1 - i0 + {R} - 1) / {R} * {R};")
-    gathered = _in_place(L, gather) if gather is not None else {}
+    gathered = in_place(L, gather) if gather is not None else {}
     staged_dims = L.buffer_dims + sum(d for _, d in gathered.values())
     if staged_dims or extra:
         size = " + ".join([f"(size_t){staged_dims} * JCH"] + extra)
@@ -330,7 +331,7 @@ static int lt_rows({ptr_args}, int64_t i0, int64_t i1, const int64_t* iv, int64_
 {nl.join(decl)}
 {prep_item}"""
     if gather is not None:
-        return _gather_loop(L, gathered, head, rows_of_chunk)
+        return gather_loop(L, gathered, head, rows_of_chunk)
     return f"""
 // Rows [i0, i1) against the columns of the niv intervals iv[2q] <= j < iv[2q + 1], in
 // that order, chunk by chunk. An interval that starts below a column already reduced (out
@@ -358,65 +359,6 @@ static int lt_rows({ptr_args}, int64_t i0, int64_t i1, const int64_t* iv, int64_
   if (A != accs)
     for (int64_t i = i0; i < i1; ++i) accs[i - i0].merge(A[i - i0]);
   if (je > seen) seen = je;
-  }}
-  return 0;
-}}
-"""
-
-
-def _in_place(L: Layout, used: set) -> dict:
-    """{index: (offset in S, dim)}: the j-variables the pair loop reads in place (dimension
-    1) among ``used``, which a gathering chunk loop stages after the staged values."""
-    out, at = {}, L.buffer_dims
-    for v in L.formula_specs:
-        k = v.index
-        if (v.cat == "j" and k in used and k not in L.dot_index and k not in L.stage_offset
-                and k not in L.col_source and k not in L.row_offset):
-            out[k] = (at, v.dim)
-            at += v.dim
-    return out
-
-
-def _gather_loop(L: Layout, gathered: dict, head: str, rows_of_chunk: str) -> str:
-    """``lt_rows`` of a block-sparse kernel whose reduction outputs no index: the columns
-    of consecutive intervals fill one chunk of up to JCH staged columns, so that short
-    intervals (clusters of a few points) still give the pair loop whole tiles. The
-    accumulators see chunk-local column numbers (no output depends on them)."""
-    dims = {v.index: v.dim for v in L.orig}
-    copies = []
-    for k, (off, d) in [(v.index, (L.stage_offset[v.index], v.dim)) for v in L.staged] + list(
-            gathered.items()):
-        if k in L.col_source:
-            s = L.col_source[k]
-            copies.append(f"        {{ T o[{d}]; lt_col{k}(P{s} + (off + jj) * {dims[s]}, o); "
-                          f"for (int c = 0; c < {d}; ++c) S[({off} + c) * JCH + nc + jj] = o[c]; }}")
-        else:
-            copies.append(f"        {{ const T* src = P{k} + (off + jj) * {d}; "
-                          f"for (int c = 0; c < {d}; ++c) S[({off} + c) * JCH + nc + jj] = src[c]; }}")
-    nl = "\n"
-    return f"""
-// Rows [i0, i1) against the columns of the niv intervals iv[2q] <= j < iv[2q + 1], staged
-// one interval after the other into chunks of up to JCH columns (a sum: the order of the
-// terms does not matter). Returns 0, 1 when out of memory, 2 when *stop was set (checked
-// before each chunk).{head}
-  Acc* const A = accs;
-  int64_t q = 0, off = iv[0];
-  for (;;) {{
-    if (__atomic_load_n(stop, __ATOMIC_RELAXED)) return 2;
-    int64_t nc = 0;
-    while (q < niv && nc < JCH) {{
-      const int64_t e = iv[2 * q + 1];
-      if (off >= e) {{ if (++q < niv) off = iv[2 * q]; continue; }}
-      const int64_t take = (e - off < JCH - nc) ? e - off : JCH - nc;
-      for (int64_t jj = 0; jj < take; ++jj) {{
-{nl.join(copies)}
-      }}
-      nc += take;
-      off += take;
-    }}
-    if (nc == 0) break;
-    const int64_t c0 = 0, c1 = nc;
-{rows_of_chunk}
   }}
   return 0;
 }}
@@ -498,12 +440,15 @@ def render_cpu_kernel(formula, var_specs, reduction: str, opts: dict, dtype: str
     A Sum of wide terms that are weights times j-variables runs its narrow part in the
     pair loop and the rest as weighted sums of the j-vectors (:mod:`lazytensor.codegen.cpu.wide`).
     ``ranged``: the kernel of block-sparse calls, which stages the columns of consecutive
-    intervals together when the pair loop allows it (see :func:`_gather_loop`)."""
+    intervals together when the pair loop allows it (see :func:`lazytensor.codegen.cpu.gather.gather_loop`)."""
     return _render(cpu_kernel_shape(formula, var_specs, reduction, dtype, dot_tiling),
                    reduction, opts, dtype, ranged)
 
 
-def _render(shape: KernelShape, reduction, opts, dtype, ranged=False) -> str:
+def _render(shape: KernelShape, reduction, opts, dtype, ranged=False, jside=None) -> str:
+    """The kernel's source; ``jside`` = (definitions, statement): only the code up to
+    ``lt_rows``, the statement run after each row block's weighted sums (the j-side sums
+    of :mod:`lazytensor.codegen.cpu.twosided`, which brings its own skeleton)."""
     plan, L, lin, tj, jch = shape.plan, shape.layout, shape.lin, shape.tj, shape.jch
     F = plan.formula.dim
     R = "LT_R" if L.dots else "1"  # rows per block: LT_R depends on the vector width
@@ -546,8 +491,9 @@ def _render(shape: KernelShape, reduction, opts, dtype, ranged=False) -> str:
         lanes = max(1, LANE_TERMS // tj)  # tj >= 64: whole vectors (lt_vec) of lanes
     if lin is not None and L.dots and red.wide == "sum":
         # several rows' weights against each tile of B at once (wide.lt_wblock)
-        src.append(_row_block(L, F, R, after_rows="\n        " + wide_block_call(lin, f"{F} * TJ", "A"),
-                              heap_len=heap_len))
+        defs, more = jside or ("", "")
+        src.append(defs + _row_block(L, F, R, heap_len=heap_len, after_rows="\n        "
+                                     + wide_block_call(lin, f"{F} * TJ", "A") + more))
     else:
         # Block-sparse calls of the plain pair loop stage several intervals per chunk, unless
         # the reduction outputs indices (the tiles then need their global column numbers).
@@ -557,6 +503,8 @@ def _render(shape: KernelShape, reduction, opts, dtype, ranged=False) -> str:
             gather = {v.index for v in ir.variables(plan.formula)}
         after = "" if lin is None else "\n          " + wide_call(lin, "A[i - i0]")
         src.append(_row_block(L, F, R, after, lanes, heap_len=heap_len, gather=gather))
+    if jside:
+        return "".join(src)
     # With dot products each work item packs all its columns once: below 4 row blocks
     # per item that packing costs more than a third of the products, so fewer, larger
     # items are worth some imbalance between threads.

@@ -1,0 +1,286 @@
+"""One CPU kernel for both sides of a gradient: the i-side and j-side sums from the same tiles.
+
+The backward of a reduction over j whose inputs on both sides need a gradient runs two
+Sums: ``Σ_j G_i(i, j)`` (the i-variables' and parameters' cotangents) and ``Σ_i G_j(i, j)``
+(the j-variables'). When both are sums of wide terms the wide plan handles
+(:func:`lazytensor.codegen.linearize.wide_sum`: weights times vectors of the other side)
+and share their costly part (a Gaussian's distances and exponential), one pass computes
+both: the pair loop evaluates the narrow formulas of the two sides together (the
+distances by the small matrix product of :mod:`lazytensor.codegen.cpu.gemm`, once), then
+per row block and tile
+
+- the i-side weighted sums ``Σ_j s_ij B_j`` into the rows' accumulators, as the one-sided
+  kernel does (:mod:`lazytensor.codegen.cpu.wide`, ``lt_wblock``);
+- the j-side weighted sums ``Σ_i t_ij X_i`` (the block's rows against each column of the
+  tile, ``lt_jside``): 6 columns share each vector of a row's X, 6 x 4 vector
+  accumulators in registers, added into the thread's partial sums of the chunk.
+
+Outer loop: the j-chunks of the staged kernel (``JCH`` columns, in L2) one after the
+other; within a chunk the threads share the row blocks, each thread adding its j-side
+sums into its own chunk-sized buffer; after the chunk the buffers are summed into the
+j-side output (and cleared). Memory: O(threads × JCH × F_j) for the j-side partial sums
+and O(N × F_i) for the i-side accumulators (kept across chunks); no N×M buffer and no
+atomics. The j-side sums of a chunk are plain sums of the row blocks' sums (no Kahan
+scheme, whatever the i-side's scheme).
+
+The kernel's formula is ``concat(G_i, G_j')`` with ``G_j'`` the j-side formula written with
+i and j exchanged back (:func:`two_sided_formula`): variables numbered once for both.
+Calling convention: the one-sided kernel's (:mod:`lazytensor.codegen.cpu.kernel`), without
+block-sparse ranges and split-j (``jchunk`` is ignored), two outputs: ``(B, N, F_i)`` and
+``(B, M, F_j)``.
+
+>>> from lazytensor.codegen import ir, ops
+>>> from lazytensor.codegen.render_c import VarSpec
+>>> x, y, g = ir.var(0, 64, "i"), ir.var(1, 64, "j"), ir.var(2, 1, "i")
+>>> k = ops.apply("exp", ops.apply("neg", ops.apply("sum", ops.apply("square", ops.apply("sub", x, y)))))
+>>> w = ops.apply("mul", g, k)
+>>> f = two_sided_formula(ops.apply("mul", w, y), ops.apply("mul", w, x))
+>>> specs = [VarSpec(0, 64, "i"), VarSpec(1, 64, "j"), VarSpec(2, 1, "i")]
+>>> "lt_jside" in render_two_sided(f, specs, {}, "float32")
+True
+"""
+
+from __future__ import annotations
+
+from .. import ir, ops
+from ..linearize import Linear, column_source, wide_sum
+from .kernel import MAX_ROWS_PER_ITEM, _render, _shape
+
+# columns of a tile whose j-side sums share each vector of a row (lt_jpass)
+J_COLS = 6
+
+_TEMPLATES = """
+// out[c * os + e] += coef * sum_r w[r * fs + c] * X[r * LD + e] for c < CB, e in [E0, E0 +
+// NV * LT_W): the block's rows against CB columns, CB x NV accumulators in registers.
+template <int E0, int NV, int LD, int CB>
+static LT_INLINE void lt_jpass(const T* __restrict__ w, int fs, int nr, const T* __restrict__ X,
+                               T coef, T* __restrict__ out, int os) {
+  lt_vec acc[CB][NV];
+  #pragma GCC unroll 32
+  for (int q = 0; q < CB * NV; ++q) acc[q / NV][q % NV] = lt_vec{};
+  for (int r = 0; r < nr; ++r) {
+    const T* x = X + (size_t)r * LD + E0;
+    lt_vec xv[NV];
+    #pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) memcpy(&xv[v], x + v * LT_W, sizeof(lt_vec));
+    #pragma GCC unroll 8
+    for (int c = 0; c < CB; ++c) {
+      const lt_vec s = w[(size_t)r * fs + c] - lt_vec{};
+      #pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[c][v] += s * xv[v];
+    }
+  }
+  #pragma GCC unroll 32
+  for (int q = 0; q < CB * NV; ++q) {
+    T* o = out + (q / NV) * os + E0 + (q % NV) * LT_W;
+    lt_vec t;
+    memcpy(&t, o, sizeof t);
+    t += coef * acc[q / NV][q % NV];
+    memcpy(o, &t, sizeof t);
+  }
+}
+template <int E, int LD, int E0, int CB, bool MORE = (E - E0 >= LT_W)>
+struct LtJsum {
+  enum { LEFT = (E - E0) / LT_W, NV = LEFT < LT_WNV ? LEFT : LT_WNV };
+  static LT_INLINE void run(const T* w, int fs, int nr, const T* X, T coef, T* out, int os) {
+    lt_jpass<E0, NV, LD, CB>(w, fs, nr, X, coef, out, os);
+    LtJsum<E, LD, E0 + NV * LT_W, CB>::run(w, fs, nr, X, coef, out, os);
+  }
+};
+template <int E, int LD, int E0, int CB>
+struct LtJsum<E, LD, E0, CB, false> {  // the last E - E0 < LT_W components
+  static LT_INLINE void run(const T* w, int fs, int nr, const T* X, T coef, T* out, int os) {
+    for (int c = 0; c < CB; ++c)
+      for (int e = E0; e < E; ++e) {
+        T t = 0;
+        for (int r = 0; r < nr; ++r) t += w[(size_t)r * fs + c] * X[(size_t)r * LD + e];
+        out[c * os + e] += coef * t;
+      }
+  }
+};
+"""
+
+
+def two_sided_formula(G_i: ir.Node, G_j_swapped: ir.Node) -> ir.Node:
+    """The kernel's formula: the i-side Sum's formula ``G_i`` (a sum over j) and the j-side
+    one ``G_j_swapped`` (a sum over i, its variables in the i-side's numbering and with
+    their own categories: ``ir.swap_ij`` of the j-side call's formula)."""
+    return ops.apply("concat", G_i, G_j_swapped)
+
+
+def split_sides(formula: ir.Node) -> tuple:
+    """(lin_i, lin_j, narrow): the two sides' weighted-sum forms (lin_j in the j-side's
+    own orientation) and the narrow formula the pair loop evaluates (both sides' weights
+    and direct components, i's first); None when either side is not a wide sum."""
+    if formula.op != "concat":
+        return None
+    G_i, G_jb = formula.args
+    lin_i = wide_sum(G_i, "sum")
+    lin_j = wide_sum(ir.swap_ij(G_jb), "sum")
+    if lin_i is None or lin_j is None:
+        return None
+    return lin_i, lin_j, ops.apply("concat", lin_i.narrow, ir.swap_ij(lin_j.narrow))
+
+
+def two_sided_shape(formula: ir.Node, var_specs: list, dtype: str):
+    """(KernelShape, lin_j) of the two-sided kernel, or None when it does not apply: a
+    side that is not a wide sum, or no dot products (the j-side sums need row blocks)."""
+    parts = split_sides(formula)
+    if parts is None:
+        return None
+    lin_i, lin_j, narrow = parts
+    shape = _shape(narrow, var_specs, dtype, None, lin_i)
+    if shape is None or not shape.layout.dots or narrow.dim > 16:
+        return None
+    return shape, lin_j
+
+
+def _coef(c: float) -> str:
+    return "(T)1" if c == 1.0 else f"(T){float.hex(c)}"
+
+
+def _jside(lin_j: Linear, F: int, F_i: int) -> tuple:
+    """(definitions, statement) of the j-side sums of a row block and a tile: ``fb`` holds
+    the pair loop's F components per row (the j-side's weights from component F_i on)."""
+    FJ = lin_j.dim
+    xvars = sorted({column_source(t.factor)[0] for t in lin_j.col_terms})
+    params = ", ".join(f"const T* __restrict__ X{k}" for k in xvars)
+    body = []
+    for t in lin_j.col_terms:
+        k, start, ld = column_source(t.factor)
+        w = f"fb + ({F_i} + {t.weight}) * TJ"
+        x = f"X{k} + {start}"
+        body.append(f"""  {{
+    const T* const w = {w};
+    T* const o = out + {t.offset};
+    int jj = 0;
+    for (; jj + {J_COLS} <= nj; jj += {J_COLS})
+      LtJsum<{t.dim}, {ld}, 0, {J_COLS}>::run(w + jj, fs, nr, {x}, {_coef(t.coef)}, o + (size_t)jj * {FJ}, {FJ});
+    for (; jj < nj; ++jj)
+      LtJsum<{t.dim}, {ld}, 0, 1>::run(w + jj, fs, nr, {x}, {_coef(t.coef)}, o + (size_t)jj * {FJ}, {FJ});
+  }}""")
+    for q, off in lin_j.direct:
+        body.append(f"""  {{
+    alignas(64) T a[TJ];
+    const T* const w = fb + ({F_i} + {q}) * TJ;
+    for (int jj = 0; jj < nj; ++jj) a[jj] = w[jj];
+    for (int r = 1; r < nr; ++r) {{
+      _Pragma("omp simd") for (int jj = 0; jj < nj; ++jj) a[jj] += w[(size_t)r * fs + jj];
+    }}
+    for (int jj = 0; jj < nj; ++jj) out[(size_t)jj * {FJ} + {off}] += a[jj];
+  }}""")
+    nl = "\n"
+    defs = _TEMPLATES + f"""
+// The j-side partial sums of the thread's current chunk: column t0 + jj at lt_jpart[(t0 +
+// jj) * {FJ}], set by lt_run.
+static thread_local T* lt_jpart;
+// The j-side sums of a row block (nr rows, row r's weights at fb + r * fs) and a tile of nj
+// columns from column t0 of the chunk; X_k: the block's first row of i-variable k.
+static LT_INLINE void lt_jside(const T* __restrict__ fb, int fs, int nr, int nj, int64_t t0, {params}) {{
+  T* const out = lt_jpart + (size_t)t0 * {FJ};
+{nl.join(body)}
+}}
+"""
+    ptrs = ", ".join(f"P{k} + ig * {column_source(next(t.factor for t in lin_j.col_terms if column_source(t.factor)[0] == k))[2]}"
+                     for k in xvars)
+    call = f"\n        lt_jside(fb, {F} * TJ, nr, nj, t0, {ptrs});"
+    return defs, call
+
+
+def _skeleton(shape, lin_j: Linear) -> str:
+    L = shape.layout
+    nv = max(1, L.n_orig)
+    FJ = lin_j.dim
+    base = []
+    for v in L.orig:
+        rows = {"i": "N", "j": "M", "p": "1"}[v.cat]
+        base.append(f"(const T*)vars[{v.index}] + blk[{v.index}] * {rows} * {v.dim}")
+    return f"""
+enum {{ LT_MAX_IB = (sizeof(Acc) * {MAX_ROWS_PER_ITEM} <= 65536) ? {MAX_ROWS_PER_ITEM} / LT_R * LT_R
+        : (65536 / sizeof(Acc) >= LT_R ? (int)(65536 / sizeof(Acc)) / LT_R * LT_R : LT_R) }};
+
+static_assert(sizeof(void*) == sizeof(int64_t), "64-bit pointers");
+extern "C" int lt_run(const int64_t* args) {{
+  const int64_t N = args[0], M = args[1];
+  const int nbd = (int)args[2];
+  int nt = (int)args[3];
+  if (nt < 1) nt = 1;
+  const int64_t* bshape = (const int64_t*)(intptr_t)args[5];
+  const int64_t* vbs = (const int64_t*)(intptr_t)args[6];
+  if (args[8] >= 0) return 1;  // block-sparse calls take the one-sided kernels
+  const int* stop = (const int*)(intptr_t)args[11];
+  const void* const* vars = (const void* const*)(args + LT_HEADER);
+  void* const* outs = (void* const*)(args + LT_HEADER + {L.n_orig});
+  T* const outj = (T*)outs[1];
+  int64_t B = 1;
+  for (int k = 0; k < nbd; ++k) B *= bshape[k];
+  int64_t IB = N / (8 * nt) + 1;
+  if (IB < 4 * LT_R) IB = 4 * LT_R;
+  if (IB > LT_MAX_IB) IB = LT_MAX_IB;
+  IB = (IB + LT_R - 1) / LT_R * LT_R;
+  const int64_t nIB = (N + IB - 1) / IB;
+  // partial sums: one chunk per thread, cleared as they are summed
+  T* const parts = (T*)calloc((size_t)nt * JCH * {FJ}, sizeof(T));
+  Acc* const accI = (Acc*)malloc(sizeof(Acc) * (size_t)(B * N > 0 ? B * N : 1));
+  if (!parts || !accI) {{ free(parts); free(accI); return 1; }}
+  int status = 0;
+  #pragma omp parallel num_threads(nt) if (nt > 1)
+  {{
+    LtFtz ftz;
+    int tid = 0;
+#ifdef _OPENMP
+    tid = omp_get_thread_num();
+#endif
+    lt_jpart = parts + (size_t)tid * JCH * {FJ};
+    Acc accs[LT_MAX_IB];
+    #pragma omp for
+    for (int64_t r = 0; r < B * N; ++r) accI[r].init();
+    for (int64_t b = 0; b < B; ++b) {{
+      int64_t blk[{nv}];
+      for (int v = 0; v < {nv}; ++v) blk[v] = 0;
+      for (int64_t k = nbd - 1, q = b; k >= 0; --k) {{
+        const int64_t idx = q % bshape[k]; q /= bshape[k];
+        for (int v = 0; v < {L.n_orig}; ++v) blk[v] += idx * vbs[v * nbd + k];
+      }}
+      for (int64_t c0 = 0; c0 < M; c0 += JCH) {{
+        const int64_t c1 = (c0 + JCH < M) ? c0 + JCH : M;
+        const int64_t iv[2] = {{c0, c1}};
+        #pragma omp for schedule(dynamic, 1)
+        for (int64_t ib = 0; ib < nIB; ++ib) {{
+          if (__atomic_load_n(&status, __ATOMIC_RELAXED)) continue;
+          const int64_t i0 = ib * IB, i1 = (i0 + IB < N) ? i0 + IB : N;
+          const int st = lt_rows({", ".join(base)}, i0, i1, iv, 1, accs, stop);
+          if (st) {{ __atomic_fetch_or(&status, st, __ATOMIC_RELAXED); continue; }}
+          for (int64_t i = i0; i < i1; ++i) accI[b * N + i].merge(accs[i - i0]);
+        }}
+        #pragma omp for
+        for (int64_t jj = 0; jj < c1 - c0; ++jj) {{
+          T* const o = outj + (size_t)(b * M + c0 + jj) * {FJ};
+          for (int q = 0; q < {FJ}; ++q) o[q] = 0;
+          for (int t = 0; t < nt; ++t) {{
+            T* const p = parts + (size_t)t * JCH * {FJ} + (size_t)jj * {FJ};
+            for (int q = 0; q < {FJ}; ++q) {{ o[q] += p[q]; p[q] = 0; }}
+          }}
+        }}
+      }}
+    }}
+    #pragma omp for
+    for (int64_t r = 0; r < B * N; ++r) accI[r].write(outs, r);
+  }}
+  free(parts);
+  free(accI);
+  return status;
+}}
+"""
+
+
+def render_two_sided(formula: ir.Node, var_specs: list, opts: dict, dtype: str) -> str:
+    """Complete C++ source of the two-sided kernel ``lt_run`` (see the module docstring);
+    ``opts``: the Sum's options (its summation scheme applies to the i-side)."""
+    found = two_sided_shape(formula, var_specs, dtype)
+    if found is None:
+        raise ValueError("the two-sided kernel needs two wide sums with dot products")
+    shape, lin_j = found
+    F = shape.plan.formula.dim
+    jside = _jside(lin_j, F, shape.lin.narrow.dim)
+    return _render(shape, "sum", opts, dtype, jside=jside) + _skeleton(shape, lin_j)
