@@ -7,7 +7,7 @@ y and σ), one kernel computes them from the same tiles: the distances and expon
 once instead of twice. :func:`two_sided_totals` runs it where it applies -- CPU backend,
 no block-sparse ranges, a backward that builds no graph (``create_graph`` takes the two
 differentiable Sums), N and M > 0 -- and returns each side's total as ``_side_sum`` would;
-otherwise None, and the caller runs the two Sums.
+otherwise None, and the caller runs the two Sums. ``LAZYTENSOR_TWO_SIDED=0`` turns it off.
 
 >>> import torch
 >>> from lazytensor import Vi, Vj
@@ -19,6 +19,7 @@ otherwise None, and the caller runs the two Sums.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -28,7 +29,8 @@ from .codegen.arraymath import torch_namespace
 from .codegen.cpu.twosided import render_two_sided, two_sided_formula, two_sided_shape
 from .codegen.evaluate import evaluate
 from .codegen.render_c import VarSpec
-from .kernels import Backend, KernelSpec, kernel_binary, load_once
+from . import kernels
+from .kernels import Backend, KernelSpec, load_once
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,7 @@ def _kernel(spec: KernelSpec):
     from .runtime import CpuKernel
 
     def load():
-        kernel = CpuKernel(kernel_binary(_backend(), spec), spec)
+        kernel = CpuKernel(kernels.kernel_binary(_backend(), spec), spec)
         kernel.outputs = kernel.outputs * 2  # the i-side and the j-side sums
         return kernel
 
@@ -110,6 +112,7 @@ def applies(call, args: list, ranges) -> bool:
     """The backward of ``call`` on ``args`` may take the two-sided kernel (see the module
     docstring)."""
     return (ranges is None and call.backend == "cpu" and not torch.is_grad_enabled()
+            and os.environ.get("LAZYTENSOR_TWO_SIDED", "1") not in ("0", "false", "no")
             and call.N > 0 and call.M > 0 and all(s > 0 for s in call.batch)
             and call.dtype in ("float32", "float64")
             and not torch._C._are_functorch_transforms_active()

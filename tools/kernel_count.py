@@ -63,12 +63,15 @@ def capture(case: str, dtype: torch.dtype, modes=("dual", "symbolic")) -> list:
 
     def spy(backend, spec):
         if backend.name == "cpu":
-            seen.append((spec, backend.render(spec)))
+            # a two-sided gradient kernel: outputs of F_i rows N and F_j rows M
+            sides = backend.key_extra.get("two_sided") and tuple(
+                a.dim for a in spec.formula.args)
+            seen.append((spec, backend.render(spec), sides))
         return original(backend, spec)
 
     import lazytensor.runtime as rt
 
-    kernels.kernel_binary = rt.kernel_binary = spy
+    kernels.kernel_binary = rt.kernel_binary = spy  # lazytensor.twosided reads kernels'.
     try:
         data = [torch.rand(300, D, dtype=dtype), torch.rand(310, D, dtype=dtype),
                 torch.randn(310, 1, dtype=dtype), torch.tensor([0.5], dtype=dtype)]
@@ -95,6 +98,7 @@ static double lt_cpu_now() {
 int main(int argc, char** argv) {
   const int64_t N = atoll(argv[1]), M = atoll(argv[2]); const int reps = atoi(argv[3]);
   const int64_t dims[] = {@DIMS@}; const char cats[] = "@CATS@"; const int64_t odims[] = {@ODIMS@};
+  const char ocats[] = "@OCATS@";
   const int nv = sizeof(dims) / sizeof(dims[0]), no = sizeof(odims) / sizeof(odims[0]);
   std::vector<std::vector<T> > data(nv); std::vector<std::vector<double> > out(no);
   const int H = LT_HEADER;  // header words (see the kernel's calling convention)
@@ -109,7 +113,7 @@ int main(int argc, char** argv) {
     for (auto& e : data[v]) { s = s * 1664525u + 1013904223u; e = (T)((s >> 8) * (1.0 / 16777216.0) - 0.5); }
     args[H + v] = (int64_t)(intptr_t)data[v].data();
   }
-  for (int o = 0; o < no; ++o) { out[o].resize(N * odims[o]); args[H + nv + o] = (int64_t)(intptr_t)out[o].data(); }
+  for (int o = 0; o < no; ++o) { out[o].resize((ocats[o] == 'j' ? M : N) * odims[o]); args[H + nv + o] = (int64_t)(intptr_t)out[o].data(); }
   std::vector<double> t;
   for (int r = 0; r < reps; ++r) { const double t0 = lt_cpu_now(); lt_run(args.data()); t.push_back(lt_cpu_now() - t0); }
   std::sort(t.begin(), t.end());
@@ -119,14 +123,19 @@ int main(int argc, char** argv) {
 """
 
 
-def build_driver(spec, source: str, workdir: Path, march: str, flags: tuple = ()) -> Path:
+def build_driver(spec, source: str, workdir: Path, march: str, flags: tuple = (),
+                 sides: tuple | None = None) -> Path:
+    """A standalone program that times ``lt_run`` (``sides``: the output dimensions of a
+    two-sided gradient kernel, rows N and M)."""
     from lazytensor.codegen import reductions
 
     specs = sorted(spec.var_specs, key=lambda v: v.index)
-    outs = reductions.get(spec.reduction).outputs(spec.formula.dim, spec.opts_dict)
+    odims = list(sides) if sides else [
+        o.dim for o in reductions.get(spec.reduction).outputs(spec.formula.dim, spec.opts_dict)]
     driver = (_DRIVER.replace("@DIMS@", ", ".join(str(v.dim) for v in specs))
               .replace("@CATS@", "".join(v.cat for v in specs))
-              .replace("@ODIMS@", ", ".join(str(o.dim) for o in outs)))
+              .replace("@ODIMS@", ", ".join(str(d) for d in odims))
+              .replace("@OCATS@", "ij" if sides else "i" * len(odims)))
     src = workdir / "k.cpp"
     src.write_text(source + driver)
     exe = workdir / "k"
@@ -167,14 +176,15 @@ def main(argv=None) -> int:
     os.environ.setdefault("LAZYTENSOR_NUM_THREADS", "1")
     found = capture(args.case, getattr(torch, args.dtype), tuple(args.modes.split(",")))
     print(f"{args.case}, N = {args.n}, M = {M}, {args.dtype}, -march={args.march}, 1 thread")
-    for n, (spec, source) in enumerate(found):
+    for n, (spec, source, sides) in enumerate(found):
         with tempfile.TemporaryDirectory() as tmp:
             work = Path(args.keep) / f"k{n}" if args.keep else Path(tmp)
             work.mkdir(parents=True, exist_ok=True)
-            exe = build_driver(spec, source, work, args.march, tuple(args.cxxflags.split()))
+            exe = build_driver(spec, source, work, args.march, tuple(args.cxxflags.split()), sides)
             t = float(subprocess.run([str(exe), str(args.n), str(M), str(args.reps)], check=True,
                                      capture_output=True, text=True).stdout)
-            line = f"  [{n}] {spec.reduction:10s} F={spec.formula.dim:<3d} cpu {t * 1e3:9.2f} ms"
+            what = "two-sided" if sides else spec.reduction
+            line = f"  [{n}] {what:10s} F={spec.formula.dim:<3d} cpu {t * 1e3:9.2f} ms"
             if args.callgrind:
                 line += f"  {callgrind(exe, args.n, M) / 1e6:10.1f} M instr"
             print(line + f"  {str(spec.formula.key)[:8]}")

@@ -15,13 +15,16 @@ per row block and tile
   tile, ``lt_jside``): 6 columns share each vector of a row's X, 6 x 4 vector
   accumulators in registers, added into the thread's partial sums of the chunk.
 
-Outer loop: the j-chunks of the staged kernel (``JCH`` columns, in L2) one after the
-other; within a chunk the threads share the row blocks, each thread adding its j-side
-sums into its own chunk-sized buffer; after the chunk the buffers are summed into the
-j-side output (and cleared). Memory: O(threads × JCH × F_j) for the j-side partial sums
-and O(N × F_i) for the i-side accumulators (kept across chunks); no N×M buffer and no
-atomics. The j-side sums of a chunk are plain sums of the row blocks' sums (no Kahan
-scheme, whatever the i-side's scheme).
+Outer loop: spans of columns (all M when the partial sums below fit in ``SPAN_BYTES`` per
+thread, 8 MB: 32,000 columns of a D = 64 gradient in float32); within a span the threads
+share the row blocks (each walking the span by L2-sized chunks of ``JCH`` columns as the
+one-sided kernel does), each thread adding its j-side sums into its own span-sized buffer;
+after the span the buffers are summed into the j-side output (and cleared). Memory:
+O(threads × min(M, SPAN) × F_j) for the j-side partial sums and O(N × F_i) for the i-side
+accumulators (kept across spans); no N×M buffer, no atomics, and one barrier per span
+(on a loaded machine a barrier per L2 chunk cost more than the distances it saved). The
+j-side sums are plain float sums of the row blocks' sums (no Kahan scheme, whatever the
+i-side's scheme).
 
 The kernel's formula is ``concat(G_i, G_j')`` with ``G_j'`` the j-side formula written with
 i and j exchanged back (:func:`two_sided_formula`): variables numbered once for both.
@@ -48,6 +51,10 @@ from .kernel import MAX_ROWS_PER_ITEM, _render, _shape
 
 # columns of a tile whose j-side sums share each vector of a row (lt_jpass)
 J_COLS = 6
+# Bytes of j-side partial sums per thread: the columns of a span (all M when they fit)
+# are reduced by every thread before the threads sum their spans; one span per barrier
+# (barriers cost most on a loaded machine: a descheduled thread holds up the others).
+SPAN_BYTES = 8 << 20
 
 _TEMPLATES = """
 // out[c * os + e] += coef * sum_r w[r * fs + c] * X[r * LD + e] for c < CB, e in [E0, E0 +
@@ -109,9 +116,10 @@ def two_sided_formula(G_i: ir.Node, G_j_swapped: ir.Node) -> ir.Node:
 
 
 def split_sides(formula: ir.Node) -> tuple:
-    """(lin_i, lin_j, narrow): the two sides' weighted-sum forms (lin_j in the j-side's
-    own orientation) and the narrow formula the pair loop evaluates (both sides' weights
-    and direct components, i's first); None when either side is not a wide sum."""
+    """(lin_i, lin_j, narrow, where): the two sides' weighted-sum forms (lin_j in the
+    j-side's own orientation), the narrow formula the pair loop evaluates (lin_i's
+    components, then those of lin_j's that differ from them) and where each of lin_j's
+    components is in it; None when either side is not a wide sum."""
     if formula.op != "concat":
         return None
     G_i, G_jb = formula.args
@@ -119,36 +127,46 @@ def split_sides(formula: ir.Node) -> tuple:
     lin_j = wide_sum(ir.swap_ij(G_jb), "sum")
     if lin_i is None or lin_j is None:
         return None
-    return lin_i, lin_j, ops.apply("concat", lin_i.narrow, ir.swap_ij(lin_j.narrow))
+    comps = list(lin_i.components)
+    where = []  # the pair loop's component of each of lin_j's (equal values computed once)
+    for c in lin_j.components:
+        c = ir.swap_ij(c)
+        if c not in comps:
+            comps.append(c)
+        where.append(comps.index(c))
+    narrow = comps[0]
+    for c in comps[1:]:
+        narrow = ops.apply("concat", narrow, c)
+    return lin_i, lin_j, narrow, tuple(where)
 
 
 def two_sided_shape(formula: ir.Node, var_specs: list, dtype: str):
-    """(KernelShape, lin_j) of the two-sided kernel, or None when it does not apply: a
+    """(KernelShape, lin_j, where) of the two-sided kernel, or None when it does not apply: a
     side that is not a wide sum, or no dot products (the j-side sums need row blocks)."""
     parts = split_sides(formula)
     if parts is None:
         return None
-    lin_i, lin_j, narrow = parts
+    lin_i, lin_j, narrow, where = parts
     shape = _shape(narrow, var_specs, dtype, None, lin_i)
     if shape is None or not shape.layout.dots or narrow.dim > 16:
         return None
-    return shape, lin_j
+    return shape, lin_j, where
 
 
 def _coef(c: float) -> str:
     return "(T)1" if c == 1.0 else f"(T){float.hex(c)}"
 
 
-def _jside(lin_j: Linear, F: int, F_i: int) -> tuple:
+def _jside(lin_j: Linear, F: int, where: tuple) -> tuple:
     """(definitions, statement) of the j-side sums of a row block and a tile: ``fb`` holds
-    the pair loop's F components per row (the j-side's weights from component F_i on)."""
+    the pair loop's F components per row, lin_j's component q at ``where[q]``."""
     FJ = lin_j.dim
     xvars = sorted({column_source(t.factor)[0] for t in lin_j.col_terms})
     params = ", ".join(f"const T* __restrict__ X{k}" for k in xvars)
     body = []
     for t in lin_j.col_terms:
         k, start, ld = column_source(t.factor)
-        w = f"fb + ({F_i} + {t.weight}) * TJ"
+        w = f"fb + {where[t.weight]} * TJ"
         x = f"X{k} + {start}"
         body.append(f"""  {{
     const T* const w = {w};
@@ -162,7 +180,7 @@ def _jside(lin_j: Linear, F: int, F_i: int) -> tuple:
     for q, off in lin_j.direct:
         body.append(f"""  {{
     alignas(64) T a[TJ];
-    const T* const w = fb + ({F_i} + {q}) * TJ;
+    const T* const w = fb + {where[q]} * TJ;
     for (int jj = 0; jj < nj; ++jj) a[jj] = w[jj];
     for (int r = 1; r < nr; ++r) {{
       _Pragma("omp simd") for (int jj = 0; jj < nj; ++jj) a[jj] += w[(size_t)r * fs + jj];
@@ -171,11 +189,11 @@ def _jside(lin_j: Linear, F: int, F_i: int) -> tuple:
   }}""")
     nl = "\n"
     defs = _TEMPLATES + f"""
-// The j-side partial sums of the thread's current chunk: column t0 + jj at lt_jpart[(t0 +
-// jj) * {FJ}], set by lt_run.
+// The j-side partial sums of the thread's current span of columns: column t0 + jj of the
+// span at lt_jpart[(t0 + jj) * {FJ}], set by lt_run.
 static thread_local T* lt_jpart;
 // The j-side sums of a row block (nr rows, row r's weights at fb + r * fs) and a tile of nj
-// columns from column t0 of the chunk; X_k: the block's first row of i-variable k.
+// columns from column t0 of the span; X_k: the block's first row of i-variable k.
 static LT_INLINE void lt_jside(const T* __restrict__ fb, int fs, int nr, int nj, int64_t t0, {params}) {{
   T* const out = lt_jpart + (size_t)t0 * {FJ};
 {nl.join(body)}
@@ -183,7 +201,7 @@ static LT_INLINE void lt_jside(const T* __restrict__ fb, int fs, int nr, int nj,
 """
     ptrs = ", ".join(f"P{k} + ig * {column_source(next(t.factor for t in lin_j.col_terms if column_source(t.factor)[0] == k))[2]}"
                      for k in xvars)
-    call = f"\n        lt_jside(fb, {F} * TJ, nr, nj, t0, {ptrs});"
+    call = f"\n        lt_jside(fb, {F} * TJ, nr, nj, j0 - jb, {ptrs});"
     return defs, call
 
 
@@ -219,8 +237,11 @@ extern "C" int lt_run(const int64_t* args) {{
   if (IB > LT_MAX_IB) IB = LT_MAX_IB;
   IB = (IB + LT_R - 1) / LT_R * LT_R;
   const int64_t nIB = (N + IB - 1) / IB;
-  // partial sums: one chunk per thread, cleared as they are summed
-  T* const parts = (T*)calloc((size_t)nt * JCH * {FJ}, sizeof(T));
+  // j-side partial sums: one span of SPAN columns per thread, cleared as they are summed
+  int64_t SPAN = (int64_t)({SPAN_BYTES} / (sizeof(T) * {FJ})) / JCH * JCH;
+  if (SPAN < JCH) SPAN = JCH;
+  if (SPAN > M) SPAN = M;
+  T* const parts = (T*)calloc((size_t)nt * SPAN * {FJ}, sizeof(T));
   Acc* const accI = (Acc*)malloc(sizeof(Acc) * (size_t)(B * N > 0 ? B * N : 1));
   if (!parts || !accI) {{ free(parts); free(accI); return 1; }}
   int status = 0;
@@ -231,7 +252,7 @@ extern "C" int lt_run(const int64_t* args) {{
 #ifdef _OPENMP
     tid = omp_get_thread_num();
 #endif
-    lt_jpart = parts + (size_t)tid * JCH * {FJ};
+    lt_jpart = parts + (size_t)tid * SPAN * {FJ};
     Acc accs[LT_MAX_IB];
     #pragma omp for
     for (int64_t r = 0; r < B * N; ++r) accI[r].init();
@@ -242,8 +263,8 @@ extern "C" int lt_run(const int64_t* args) {{
         const int64_t idx = q % bshape[k]; q /= bshape[k];
         for (int v = 0; v < {L.n_orig}; ++v) blk[v] += idx * vbs[v * nbd + k];
       }}
-      for (int64_t c0 = 0; c0 < M; c0 += JCH) {{
-        const int64_t c1 = (c0 + JCH < M) ? c0 + JCH : M;
+      for (int64_t c0 = 0; c0 < M; c0 += SPAN) {{
+        const int64_t c1 = (c0 + SPAN < M) ? c0 + SPAN : M;
         const int64_t iv[2] = {{c0, c1}};
         #pragma omp for schedule(dynamic, 1)
         for (int64_t ib = 0; ib < nIB; ++ib) {{
@@ -258,7 +279,7 @@ extern "C" int lt_run(const int64_t* args) {{
           T* const o = outj + (size_t)(b * M + c0 + jj) * {FJ};
           for (int q = 0; q < {FJ}; ++q) o[q] = 0;
           for (int t = 0; t < nt; ++t) {{
-            T* const p = parts + (size_t)t * JCH * {FJ} + (size_t)jj * {FJ};
+            T* const p = parts + (size_t)t * SPAN * {FJ} + (size_t)jj * {FJ};
             for (int q = 0; q < {FJ}; ++q) {{ o[q] += p[q]; p[q] = 0; }}
           }}
         }}
@@ -280,7 +301,6 @@ def render_two_sided(formula: ir.Node, var_specs: list, opts: dict, dtype: str) 
     found = two_sided_shape(formula, var_specs, dtype)
     if found is None:
         raise ValueError("the two-sided kernel needs two wide sums with dot products")
-    shape, lin_j = found
-    F = shape.plan.formula.dim
-    jside = _jside(lin_j, F, shape.lin.narrow.dim)
+    shape, lin_j, where = found
+    jside = _jside(lin_j, shape.plan.formula.dim, where)
     return _render(shape, "sum", opts, dtype, jside=jside) + _skeleton(shape, lin_j)
