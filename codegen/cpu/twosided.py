@@ -29,7 +29,8 @@ i-side's scheme).
 The kernel's formula is ``concat(G_i, G_j')`` with ``G_j'`` the j-side formula written with
 i and j exchanged back (:func:`two_sided_formula`): variables numbered once for both.
 Calling convention: the one-sided kernel's (:mod:`lazytensor.codegen.cpu.kernel`), without
-block-sparse ranges and split-j (``jchunk`` is ignored), two outputs: ``(B, N, F_i)`` and
+block-sparse ranges, ``jchunk`` > 0 bounding the span (a few rows against many columns:
+more spans), two outputs: ``(B, N, F_i)`` and
 ``(B, M, F_j)``.
 
 >>> from lazytensor.codegen import ir, ops
@@ -239,6 +240,7 @@ extern "C" int lt_run(const int64_t* args) {{
   const int64_t nIB = (N + IB - 1) / IB;
   // j-side partial sums: one span of SPAN columns per thread, cleared as they are summed
   int64_t SPAN = (int64_t)({SPAN_BYTES} / (sizeof(T) * {FJ})) / JCH * JCH;
+  if (args[4] > 0 && args[4] < SPAN) SPAN = (args[4] + JCH - 1) / JCH * JCH;  // jchunk
   if (SPAN < JCH) SPAN = JCH;
   if (SPAN > M) SPAN = M;
   T* const parts = (T*)calloc((size_t)nt * SPAN * {FJ}, sizeof(T));
