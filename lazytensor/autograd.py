@@ -25,12 +25,12 @@ from dataclasses import dataclass
 
 import torch
 
+from . import twosided
 from .codegen import diff, ir, ops, reductions
 from .codegen.arraymath import torch_namespace
 from .codegen.compositions import concat
 from .codegen.evaluate import evaluate
 from .codegen.linearize import GradientPlan, plan_gradient_sum
-from . import twosided
 from .dispatch import ReductionCall, execute
 from .transforms import gathered_values, reduction_jvp, vmap_rule
 

@@ -24,12 +24,12 @@ from dataclasses import dataclass
 
 import torch
 
+from . import kernels
 from .codegen import ir
 from .codegen.arraymath import torch_namespace
 from .codegen.cpu.twosided import render_two_sided, two_sided_formula, two_sided_shape
 from .codegen.evaluate import evaluate
 from .codegen.render_c import VarSpec
-from . import kernels
 from .kernels import Backend, KernelSpec, load_once
 
 

@@ -60,8 +60,8 @@ from ..footprint import FUNCTION_STACK_BYTES, Storage, check_dims, function_foot
 from ..linearize import Linear, wide_sum
 from ..render_c import prelude, render_formula, render_function, render_shared
 from . import HEADER_WORDS
-from .gemm import dot_kernel, dot_micro, sqdist_fix
 from .gather import gather_loop, in_place
+from .gemm import dot_kernel, dot_micro, sqdist_fix
 from .layout import Layout, stage_chunk
 from .plan import CpuPlan, plan_cpu
 from .simd import cpu_renames, heap_defs, prelude_defs, vector_header
