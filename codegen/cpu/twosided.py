@@ -46,12 +46,19 @@ True
 
 from __future__ import annotations
 
+import dataclasses
+
 from .. import ir, ops
 from ..linearize import Linear, column_source, wide_sum
-from .kernel import MAX_ROWS_PER_ITEM, _render, _shape
+from .kernel import DOT_CHUNK_BYTES, _render, _shape
 
 # columns of a tile whose j-side sums share each vector of a row (lt_jpass)
 J_COLS = 6
+# Staged j-data per chunk: 4x the one-sided kernel's (D = 64, float32, one thread, N = M =
+# 4,000: chunks of 256 columns 75.5 ms, 512 73.3 ms, 1,024 72.4 ms; L2 is 1 MB there).
+CHUNK_BYTES = 4 * DOT_CHUNK_BYTES
+# rows per work item (their accumulators on the heap, not the stack)
+ITEM_ROWS = 256
 # Bytes of j-side partial sums per thread: the columns of a span (all M when they fit)
 # are reduced by every thread before the threads sum their spans; one span per barrier
 # (barriers cost most on a loaded machine: a descheduled thread holds up the others).
@@ -151,7 +158,9 @@ def two_sided_shape(formula: ir.Node, var_specs: list, dtype: str):
     shape = _shape(narrow, var_specs, dtype, None, lin_i)
     if shape is None or not shape.layout.dots or narrow.dim > 16:
         return None
-    return shape, lin_j, where
+    size = 4 if dtype == "float32" else 8
+    jch = max(shape.jch, CHUNK_BYTES // shape.layout.j_bytes(size) // shape.tj * shape.tj)
+    return dataclasses.replace(shape, jch=jch), lin_j, where
 
 
 def _coef(c: float) -> str:
@@ -215,9 +224,6 @@ def _skeleton(shape, lin_j: Linear) -> str:
         rows = {"i": "N", "j": "M", "p": "1"}[v.cat]
         base.append(f"(const T*)vars[{v.index}] + blk[{v.index}] * {rows} * {v.dim}")
     return f"""
-enum {{ LT_MAX_IB = (sizeof(Acc) * {MAX_ROWS_PER_ITEM} <= 65536) ? {MAX_ROWS_PER_ITEM} / LT_R * LT_R
-        : (65536 / sizeof(Acc) >= LT_R ? (int)(65536 / sizeof(Acc)) / LT_R * LT_R : LT_R) }};
-
 static_assert(sizeof(void*) == sizeof(int64_t), "64-bit pointers");
 extern "C" int lt_run(const int64_t* args) {{
   const int64_t N = args[0], M = args[1];
@@ -235,7 +241,7 @@ extern "C" int lt_run(const int64_t* args) {{
   for (int k = 0; k < nbd; ++k) B *= bshape[k];
   int64_t IB = N / (8 * nt) + 1;
   if (IB < 4 * LT_R) IB = 4 * LT_R;
-  if (IB > LT_MAX_IB) IB = LT_MAX_IB;
+  if (IB > {ITEM_ROWS}) IB = {ITEM_ROWS};
   IB = (IB + LT_R - 1) / LT_R * LT_R;
   const int64_t nIB = (N + IB - 1) / IB;
   // j-side partial sums: one span of SPAN columns per thread, cleared as they are summed
@@ -243,9 +249,10 @@ extern "C" int lt_run(const int64_t* args) {{
   if (args[4] > 0 && args[4] < SPAN) SPAN = (args[4] + JCH - 1) / JCH * JCH;  // jchunk
   if (SPAN < JCH) SPAN = JCH;
   if (SPAN > M) SPAN = M;
-  T* const parts = (T*)calloc((size_t)nt * SPAN * {FJ}, sizeof(T));
+  T* const parts = (T*)calloc((size_t)nt * (SPAN > 0 ? SPAN : 1) * {FJ}, sizeof(T));
   Acc* const accI = (Acc*)malloc(sizeof(Acc) * (size_t)(B * N > 0 ? B * N : 1));
   if (!parts || !accI) {{ free(parts); free(accI); return 1; }}
+  const bool one_span = SPAN >= M;  // the rows' accumulators see all j in one lt_rows
   int status = 0;
   #pragma omp parallel num_threads(nt) if (nt > 1)
   {{
@@ -255,7 +262,9 @@ extern "C" int lt_run(const int64_t* args) {{
     tid = omp_get_thread_num();
 #endif
     lt_jpart = parts + (size_t)tid * SPAN * {FJ};
-    Acc accs[LT_MAX_IB];
+    // an item's accumulators, merged into accI after each span (several spans only)
+    Acc* const accs = one_span ? 0 : (Acc*)malloc(sizeof(Acc) * (size_t)IB);
+    if (!one_span && !accs) __atomic_fetch_or(&status, 1, __ATOMIC_RELAXED);
     #pragma omp for
     for (int64_t r = 0; r < B * N; ++r) accI[r].init();
     for (int64_t b = 0; b < B; ++b) {{
@@ -272,9 +281,11 @@ extern "C" int lt_run(const int64_t* args) {{
         for (int64_t ib = 0; ib < nIB; ++ib) {{
           if (__atomic_load_n(&status, __ATOMIC_RELAXED)) continue;
           const int64_t i0 = ib * IB, i1 = (i0 + IB < N) ? i0 + IB : N;
-          const int st = lt_rows({", ".join(base)}, i0, i1, iv, 1, accs, stop);
+          Acc* const into = one_span ? accI + b * N + i0 : accs;
+          const int st = lt_rows({", ".join(base)}, i0, i1, iv, 1, into, stop);
           if (st) {{ __atomic_fetch_or(&status, st, __ATOMIC_RELAXED); continue; }}
-          for (int64_t i = i0; i < i1; ++i) accI[b * N + i].merge(accs[i - i0]);
+          if (!one_span)
+            for (int64_t i = i0; i < i1; ++i) accI[b * N + i].merge(accs[i - i0]);
         }}
         #pragma omp for
         for (int64_t jj = 0; jj < c1 - c0; ++jj) {{
@@ -289,6 +300,7 @@ extern "C" int lt_run(const int64_t* args) {{
     }}
     #pragma omp for
     for (int64_t r = 0; r < B * N; ++r) accI[r].write(outs, r);
+    free(accs);
   }}
   free(parts);
   free(accI);
