@@ -659,36 +659,69 @@ def _grad_contenders(n: int, D: int):
     return ours_fb, torch_fb
 
 
+def _one_sided(fn):
+    """``fn`` run with the backward's two sides in two kernels (LAZYTENSOR_TWO_SIDED=0)."""
+    def run():
+        saved = os.environ.get("LAZYTENSOR_TWO_SIDED")
+        os.environ["LAZYTENSOR_TWO_SIDED"] = "0"
+        try:
+            return fn()
+        finally:
+            if saved is None:
+                os.environ.pop("LAZYTENSOR_TWO_SIDED")
+            else:
+                os.environ["LAZYTENSOR_TWO_SIDED"] = saved
+    return run
+
+
 def grad_table(D: int, sizes: list, args) -> Table:
+    """Forward and backward of the Gaussian product's loss, ours against dense autograd;
+    from D = 16 on (dot products: the two-sided gradient kernel) also ours with the
+    backward's two sides in two kernels, as before it. Contenders alternate within each
+    round; bwd/fwd columns are medians of the per-round ratios."""
+    two = D >= 16
+    cols = ["N = M", "ours forward", "ours backward", "ours bwd/fwd"]
+    if two:
+        cols += ["bwd/fwd, two kernels", "two kernels / one (bwd)"]
+    cols += ["torch forward", "torch backward", "torch/ours (fwd+bwd)"]
+    note = ("loss = (a * g).sum() with a the product; torch: dense autograd (whole N×M "
+            "matrices, skipped past the memory budget).")
+    if two:
+        note += (" Two kernels: the x-and-σ and the y gradients as separate Sums "
+                 "(LAZYTENSOR_TWO_SIDED=0), the distances computed twice.")
     t = _start(Table(f"Gradient of the Gaussian kernel product, D = {D}, float32 "
-                     "(w.r.t. x, y and σ)",
-                     ["N = M", "ours forward", "ours backward", "ours bwd/fwd",
-                      "torch forward", "torch backward", "torch/ours (fwd+bwd)"],
-                     "loss = (a * g).sum() with a the product; torch: dense autograd (whole "
-                     "N×M matrices, skipped past the memory budget)."))
+                     "(w.r.t. x, y and σ)", cols, note))
+    load = os.getloadavg()[0]
     for n in sizes:
         ours_fb, torch_fb = _grad_contenders(n, D)
         fits = n * n * 4 * 6 <= 4 * (args.dense_mb << 20)  # ~6 N×M temporaries in autograd
-        ours_fb()
-        if fits:
-            torch_fb()
-        rounds = {"ours": [], "torch": []}
+        order = [("ours", ours_fb)] + ([("two", _one_sided(ours_fb))] if two else []) + (
+            [("torch", torch_fb)] if fits else [])
+        for _, fn in order:
+            fn()
+        rounds = {name: [] for name, _ in order}
         for r in range(args.rounds):
-            order = [("ours", ours_fb)] + ([("torch", torch_fb)] if fits else [])
             for name, fn in (order if r % 2 == 0 else order[::-1]):
                 rounds[name].append(fn())
-        of = statistics.median(f for f, _ in rounds["ours"])
-        ob = statistics.median(b_ for _, b_ in rounds["ours"])
-        row = [f"{n:,}", _fmt_time(of), _fmt_time(ob), f"{ob / of:.2f}"]
+        ours = rounds["ours"]
+        of = statistics.median(f for f, _ in ours)
+        ob = statistics.median(b_ for _, b_ in ours)
+        row = [f"{n:,}", _fmt_time(of), _fmt_time(ob),
+               f"{statistics.median(b_ / f for f, b_ in ours):.2f}"]
+        if two:
+            row += [f"{statistics.median(b_ / f for f, b_ in rounds['two']):.2f}",
+                    f"×{statistics.median(t_[1] / o[1] for t_, o in zip(rounds['two'], ours)):.2f}"]
         if fits:
             tf = statistics.median(f for f, _ in rounds["torch"])
             tb = statistics.median(b_ for _, b_ in rounds["torch"])
             ratio = statistics.median((a[0] + a[1]) / (c[0] + c[1])
-                                      for a, c in zip(rounds["torch"], rounds["ours"]))
+                                      for a, c in zip(rounds["torch"], ours))
             row += [_fmt_time(tf), _fmt_time(tb), f"×{ratio:.2f}"]
         else:
             row += ["skipped (memory)"] * 2 + ["—"]
         t.add(*row)
+    t.note += (f" Load average {load:.1f} before, {os.getloadavg()[0]:.1f} after, on "
+               f"{os.cpu_count()} CPUs (other jobs' load makes times noisy: read the ratios).")
     return t
 
 
