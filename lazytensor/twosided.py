@@ -61,6 +61,13 @@ def _plan(plan) -> TwoSided | None:
     if (si.call.backend != "cpu" or si.plan is None or sj.plan is None or si.normalized
             or sj.normalized or si.shift is not None or sj.shift is not None):
         return None
+    from .runtime import check_stack
+
+    try:  # each side within a thread's stack as a one-sided kernel (else that says why)
+        check_stack(si.call.spec())
+        check_stack(sj.call.spec())
+    except ValueError:
+        return None
     n_args = len(si.call.cats) - len(si.plan.hoisted)
     n_hi, n_hj = len(si.plan.hoisted), len(sj.plan.hoisted)
     # the j-side's hoisted values (its own j-rows) numbered after the i-side's
