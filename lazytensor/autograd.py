@@ -284,6 +284,7 @@ def _plain_backward(G, args: list) -> bool:
     its row terms can be added in NumPy. On a busy machine each parallel torch operation
     waits for a scheduler slice (tens of ms for a few small operations, measured)."""
     return (not torch.is_grad_enabled() and G.device.type == "cpu"
+            and G.dtype in (torch.float32, torch.float64)
             and not torch._C._are_functorch_transforms_active()
             and (_is_wrapped is None or not any(_is_wrapped(a) for a in args)))
 
@@ -298,10 +299,9 @@ def add_row_terms(split, G, args: list, cats: tuple):
     out = g[..., : split.dim]
     arrays = {}
     for k, (a, cat) in enumerate(zip(args, cats)):
-        if cat == "i":
-            arrays[k] = a.detach().numpy()
-        elif cat == "p":
-            arrays[k] = a.detach().numpy()[..., None, :]  # (*batch, 1, D) against rows
+        if cat in ("i", "p"):
+            a = a.detach().resolve_conj().resolve_neg().numpy()
+            arrays[k] = a if cat == "i" else a[..., None, :]  # (*batch, 1, D) against rows
     for t in split.terms:
         L = (evaluate(t.factor, arrays) if t.factor.op != "const"
              else np.asarray(t.factor.params, dtype=g.dtype))

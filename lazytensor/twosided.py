@@ -137,7 +137,7 @@ def two_sided_totals(call, plan, args: list) -> list | None:
     if ts is None:
         return None
     si, sj = plan.sides
-    args = [a.detach().contiguous() for a in args]
+    args = [a.detach().resolve_conj().resolve_neg().contiguous() for a in args]
     xp = torch_namespace()
     rows = []
     for side in (si, sj):  # each side's hoisted values, of its own reduced variables
