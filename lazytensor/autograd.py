@@ -33,6 +33,7 @@ from .codegen.evaluate import evaluate
 from .codegen.linearize import GradientPlan, plan_gradient_sum
 from .dispatch import ReductionCall, execute
 from .transforms import gathered_values, reduction_jvp, vmap_rule
+from .twosided import add_row_terms
 
 _is_wrapped = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", None)
 
@@ -287,26 +288,6 @@ def _plain_backward(G, args: list) -> bool:
             and G.dtype in (torch.float32, torch.float64)
             and not torch._C._are_functorch_transforms_active()
             and (_is_wrapped is None or not any(_is_wrapped(a) for a in args)))
-
-
-def add_row_terms(split, G, args: list, cats: tuple):
-    """``G[..., :split.dim]`` plus the row terms ``coef * G[..., weight] * L(i)`` (see
-    :class:`lazytensor.codegen.linearize.RowSplit`), in NumPy, in place in ``G``'s memory
-    (a torch view of it is returned); for backwards that build no graph."""
-    import numpy as np
-
-    g = G.detach().numpy()
-    out = g[..., : split.dim]
-    arrays = {}
-    for k, (a, cat) in enumerate(zip(args, cats)):
-        if cat in ("i", "p"):
-            a = a.detach().resolve_conj().resolve_neg().numpy()
-            arrays[k] = a if cat == "i" else a[..., None, :]  # (*batch, 1, D) against rows
-    for t in split.terms:
-        L = (evaluate(t.factor, arrays) if t.factor.op != "const"
-             else np.asarray(t.factor.params, dtype=g.dtype))
-        out[..., t.offset: t.offset + t.dim] += (t.coef * g[..., t.weight: t.weight + 1]) * L
-    return torch.from_numpy(out)
 
 
 def unbroadcast(grad, shape):

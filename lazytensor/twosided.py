@@ -7,7 +7,9 @@ y and σ), one kernel computes them from the same tiles: the distances and expon
 once instead of twice. :func:`two_sided_totals` runs it where it applies -- CPU backend,
 no block-sparse ranges, a backward that builds no graph (``create_graph`` takes the two
 differentiable Sums), N and M > 0 -- and returns each side's total as ``_side_sum`` would;
-otherwise None, and the caller runs the two Sums. ``LAZYTENSOR_TWO_SIDED=0`` turns it off.
+otherwise None, and the caller runs the two Sums. :func:`add_row_terms` adds the row
+terms split off a side's sum (:class:`lazytensor.codegen.linearize.RowSplit`) in NumPy,
+for these kernels and the one-sided ones alike, in backwards that build no graph. ``LAZYTENSOR_TWO_SIDED=0`` turns it off.
 
 >>> import torch
 >>> from lazytensor import Vi, Vj
@@ -22,6 +24,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from . import kernels
@@ -130,7 +133,6 @@ def two_sided_totals(call, plan, args: list) -> list | None:
     """[total of the i-side, total of the j-side] of the backward ``plan`` of ``call``
     (each as :func:`lazytensor.autograd._side_sum` gives it), or None when the kernel
     does not apply to this plan."""
-    from .autograd import add_row_terms
     from .runtime import CpuLaunch
 
     ts = two_sided_plan(call, plan)
@@ -161,6 +163,25 @@ def two_sided_totals(call, plan, args: list) -> list | None:
         split = side.plan.split
         out.append(G if split is None else add_row_terms(split, G, args + extra, side.call.cats))
     return out
+
+
+def add_row_terms(split, G, args: list, cats: tuple):
+    """``G[..., :split.dim]`` plus the row terms ``coef * G[..., weight] * L(i)`` (see
+    :class:`lazytensor.codegen.linearize.RowSplit`), in NumPy, in place in ``G``'s memory
+    (a torch view of it is returned); for backwards that build no graph."""
+    g = G.detach().numpy()
+    out = g[..., : split.dim]
+    arrays = {}
+    for k, (a, cat) in enumerate(zip(args, cats)):
+        if cat in ("i", "p"):
+            a = a.detach().resolve_conj().resolve_neg().numpy()
+            arrays[k] = a if cat == "i" else a[..., None, :]  # (*batch, 1, D) against rows
+    for t in split.terms:
+        L = (evaluate(t.factor, arrays) if t.factor.op != "const"
+             else np.asarray(t.factor.params, dtype=g.dtype))
+        L = np.asarray(L)  # its width read from the array: no calls into the plan's types
+        out[..., t.offset: t.offset + L.shape[-1]] += (t.coef * g[..., t.weight: t.weight + 1]) * L
+    return torch.from_numpy(out)
 
 
 def _ptr(a) -> int:
