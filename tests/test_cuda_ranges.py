@@ -126,8 +126,8 @@ def test_kernel_schemes_with_ranges(gpu, scheme, rng):
                      torch.float32)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
-@pytest.mark.parametrize("grad_mode", ["symbolic", "dual"])
+@pytest.mark.parametrize("grad_mode, dtype", [("symbolic", torch.float32),
+                                               ("dual", torch.float64)], ids=["symbolic-f32", "dual-f64"])
 def test_batch_dimensions_and_gradients(gpu, dtype, grad_mode, rng):
     """The same ranges in every batch element (y broadcast); gradients of x, y, b and a
     parameter: reductions over i with the transposed ranges, and the fused (dual) form."""
@@ -198,3 +198,23 @@ def test_clustered_ranges_match_cpu(gpu, name, dtype):
     want = gpu_reduction(name, x, y, b, "cpu", ranges=ranges)
     got = gpu_reduction(name, gpu.to(x), gpu.to(y), gpu.to(b), "auto", ranges=ranges)
     assert_gpu_close(gpu, got, want, dtype, x, y)
+
+
+def test_gpu_check_ranges_cases(gpu):
+    """``make gpu-check``'s block-sparse case (forward and gradients, float32), at a small
+    scale, passes its own error check against the CPU backend."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    try:
+        from tools import gpu_cases, gpu_check
+    finally:
+        sys.path.pop(0)
+    ranged = [c for c in gpu_cases.cases(scale=0.004) if c.name.startswith("ranges")]
+    assert {c.dtype for c in ranged} == {"float32", "float64"}
+    for case in [c for c in ranged if c.dtype == "float32"]:
+        t_cpu = case.inputs(torch, torch.Generator().manual_seed(0))
+        got = case.lazy({k: gpu.to(v) for k, v in t_cpu.items()}, "cuda")
+        want = case.lazy(t_cpu, "cpu")
+        assert gpu_check._error(case, t_cpu, got, want) <= gpu_check.TOL[case.dtype]
