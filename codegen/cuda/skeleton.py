@@ -148,7 +148,12 @@ def tile_loop(step: str, ranged: bool) -> tuple[str, str]:
     """The opening and closing text of a kernel's loop over its tiles of j: ``j0`` the
     first column, ``nj`` (at most ``step``) the columns of the tile. Block-sparse kernels
     walk their block's intervals in order, each in tiles; the bounds are the same for
-    every thread of a block, so the loop body may hold barriers."""
+    every thread of a block, so the loop body may hold barriers.
+
+    >>> opening, closing = tile_loop("TJC", ranged=True)
+    >>> "lt_interval(k, si, jb, je)" in opening, closing
+    (True, '}}')
+    """
     tile = (f"for (int64_t j0 = jb; j0 < je; j0 += {step}) {{\n"
             f"    const int nj = (int)((je - j0) < {step} ? (je - j0) : {step});")
     if not ranged:

@@ -140,7 +140,16 @@ def _load(spec: KernelSpec, index: int) -> CudaKernel:
 
 
 def render_source(spec: KernelSpec) -> str:
-    """The ``.cu`` source of ``spec`` (its block-sparse variant when ``spec.ranged``)."""
+    """The ``.cu`` source of ``spec`` (its block-sparse variant when ``spec.ranged``).
+
+    >>> from lazytensor.codegen import ir, ops
+    >>> from lazytensor.codegen.render_c import VarSpec
+    >>> f = ops.apply("mul", ir.var(0, 1, "i"), ir.var(1, 1, "j"))
+    >>> spec = KernelSpec(f, (VarSpec(0, 1, "i"), VarSpec(1, 1, "j")), "sum", (), "float32",
+    ...                   ranged=True)
+    >>> "lt_interval(k, si, jb, je)" in render_source(spec)
+    True
+    """
     from ..codegen.cuda.render import render_cuda_kernel
 
     return render_cuda_kernel(spec.formula, list(spec.var_specs), spec.reduction,

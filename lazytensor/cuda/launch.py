@@ -5,7 +5,9 @@
 :mod:`lazytensor.cuda.streams`); :func:`launch_numpy` on NumPy arrays, copied to the GPU
 and back through pycuda (as ``pykeops.numpy`` does on a GPU). Both pick the scheme: one
 thread per row (1D) when there are enough rows to fill the device, else the split-j
-scheme (partial accumulators in a scratch buffer, then the merge kernel). See
+scheme (partial accumulators in a scratch buffer, then the merge kernel). Block-sparse
+calls (``ranges``) launch the call's block-sparse kernel once, one block per piece of a
+block of rows and batch element (:func:`ranges_plan`). See
 :mod:`lazytensor.codegen.cuda.render` for the kernels and their ABI.
 """
 
@@ -86,7 +88,12 @@ def ranges_plan(kernel, n_pieces: int, B: int) -> LaunchPlan:
 
 def piece_rows(kernel) -> int:
     """Rows per block of ``kernel`` (``group`` threads share a row in wide sums): the
-    most rows a piece of a block-sparse call may have."""
+    most rows a piece of a block-sparse call may have.
+
+    >>> class K: threads, layout = 256, {"group": 4}
+    >>> piece_rows(K)
+    64
+    """
     layout = getattr(kernel, "layout", {})
     return max(1, kernel.threads // int(layout.get("group", 1)))
 
