@@ -100,6 +100,23 @@ def test_sums_and_kmin_against_dense_float64(gpu, rng):
     np.testing.assert_array_equal(idx.cpu().numpy(), want_i)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+def test_max_sumshiftexp_with_ranges(gpu, dtype, rng):
+    """The row pass of log-sum-exp gradients (max and sum of shifted exponentials)."""
+    from lazytensor import ranges as ranges_module
+
+    N, M = 200, 50
+    x, y, _ = _data(rng, N, M, dtype)
+    pattern = edge_ranges(rng, N, M)
+
+    def run(x, y, backend):
+        F = -Vi(x).sqdist(Vj(y))
+        return ranges_module.reduce(F.formula, F.variables, "max_sumshiftexp", 1, {}, backend,
+                                    None, pattern)
+
+    assert_gpu_close(gpu, run(gpu.to(x), gpu.to(y), "auto"), run(x, y, "cpu"), dtype)
+
+
 @pytest.mark.parametrize("scheme", ["wide", "wide_softmax", "wide_lse", "chunked"])
 def test_kernel_schemes_with_ranges(gpu, scheme, rng):
     """K @ V (several threads per row: pieces of fewer rows), attention and weighted
