@@ -188,9 +188,11 @@ def _shifted(call: ReductionCall, formula: ir.Node, dims: list, slot: int) -> tu
                                                        "max_sumshiftexp", ()))
 
 
-def reduction_vjp(call, inputs, outs, grads, needs, ranges=None) -> list:
+def reduction_vjp(call, inputs, outs, grads, needs, ranges=None, apply=None) -> list:
     """Gradients of ``call``'s inputs for the output cotangents ``grads`` (``ranges``: the
-    forward's block-sparse pattern; the j-side sum runs on its transpose)."""
+    forward's block-sparse pattern; the j-side sum runs on its transpose). ``apply(call,
+    ranges, *tensors)`` runs the gradient reductions (default ``KernelReduction.apply``;
+    :mod:`lazytensor.torch_library` passes its op)."""
     red = reductions.get(call.reduction)
     if not any(needs):
         return [None] * len(inputs)
@@ -216,11 +218,14 @@ def reduction_vjp(call, inputs, outs, grads, needs, ranges=None) -> list:
         if side.shift is not None:
             # the row pass (max, Σ exp) runs over the forward's pairs: its ranges as given
             slot, ms_call = side.shift
-            m, s = execute(ms_call, [a.detach() for a in inputs], ranges)[0].split(1, dim=-1)
+            detached = [a.detach() for a in inputs]
+            ms = execute(ms_call, detached, ranges) if apply is None else \
+                apply(ms_call, ranges, *detached)
+            m, s = ms[0].split(1, dim=-1)
             lse = args[slot]  # log s's value, lse's derivative (m is a constant shift)
             logs = torch.log(s) + (lse - lse.detach())
             side_args = [*args[:slot], torch.cat([m, logs], dim=-1), *args[slot + 1:]]
-        total = _side_sum(side, side_args, side_ranges)
+        total = _side_sum(side, side_args, side_ranges, apply or KernelReduction.apply)
         if side.normalized:  # Σ_j e C / Σ_j e; no term at all (M = 0): the plain sum, 0
             weights = total[..., -1:]
             total = total[..., :-1] / torch.where(weights == 0, torch.ones_like(weights), weights)
@@ -235,18 +240,18 @@ def reduction_vjp(call, inputs, outs, grads, needs, ranges=None) -> list:
     return result
 
 
-def _side_sum(side: SideGradient, args: list, ranges=None):
+def _side_sum(side: SideGradient, args: list, ranges=None, apply=KernelReduction.apply):
     """``Σ`` of the side's cotangent formula: the hoisted values in torch, the kernel, then
     the row terms ``s(i, j) L(i)`` multiplied by ``L(i)`` after the sum."""
     call, plan = side.call, side.plan
     if plan is None:
-        return KernelReduction.apply(call, ranges, *args)[0]
+        return apply(call, ranges, *args)[0]
     args = list(args)
     xp = torch_namespace()
     if plan.hoisted:
         arrays = {k: a for k, (a, cat) in enumerate(zip(args, call.cats)) if cat == "j"}
         args += [evaluate(node, arrays, xp) for node in plan.hoisted]
-    (G,) = KernelReduction.apply(call, ranges, *args)
+    (G,) = apply(call, ranges, *args)
     split = plan.split
     if split is None:
         return G
