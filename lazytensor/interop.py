@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import operator
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -229,6 +230,8 @@ def torch_function(func, types, args=(), kwargs=None):
     if func in _tensor_matmuls() and _compiling() and len(args) == 2 and \
             isinstance(args[1], _lazy_class()) and isinstance(args[0], torch.Tensor):
         return _traced_matmul(*args)
+    if func is operator.matmul and isinstance(args[0], _lazy_class()):
+        return args[0].__matmul__(args[1])  # torch.export (strict) passes the operator itself
     entry = _table("torch").get(func)
     if entry is None:
 
