@@ -25,7 +25,6 @@ TypeError: numpy.cumsum does not support LazyTensor arguments...
 
 from __future__ import annotations
 
-import functools
 import importlib
 import inspect
 import operator

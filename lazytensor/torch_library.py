@@ -23,13 +23,17 @@ as it does for IR node construction), and the graph holds one op call per reduct
 through the same op (the plan's "op" route). Eager calls on real tensors keep the
 autograd Function of :mod:`lazytensor.autograd`.
 
-Supported under compile: static shapes (a new shape retraces; ``dynamic=True`` or
-``torch.export`` dynamic dimensions are refused by dynamo at the key, which needs
-concrete sizes), CPU and CUDA tensors, gradients of any order (the symbolic mode; the
+Supported under compile: static shapes (``torch.compile(..., dynamic=False)``: a new size
+compiles a new graph; a symbolic size, from ``dynamic=True`` or from the automatic dynamic
+shapes that ``dynamic=None`` turns on at a second size, cannot enter the key and stops the
+trace with an ``assume_constant_result`` error naming ``_traced_key``), CPU and CUDA
+tensors, gradients (double backward through the op in eager code; the symbolic mode: the
 fused dual-number mode is eager-only). Not supported: block-sparse ``ranges`` and
 distributed reductions (refused with an error), torch.func transforms of a compiled
-reduction. A program keeps keys, not formulas: an exported program runs in a process
-that has built the same reductions (running the module once, or tracing it again).
+reduction, ``K @ t`` where ``t @ K`` fits the shapes too (dynamo passes both as
+``Tensor.__matmul__(t, K)``: refused, see :func:`lazytensor.interop.torch_function`). A
+program keeps keys, not formulas: an exported program runs in a process that has built the
+same reductions (running the module once, or tracing it again).
 
 >>> import torch
 >>> from lazytensor import Vi, Vj
@@ -45,7 +49,6 @@ that has built the same reductions (running the module once, or tracing it again
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 
 import torch
@@ -152,8 +155,8 @@ def traced_reduce(formula: ir.Node, variables: list, reduction: str, axis: int, 
         raise ValueError(f"{reduction}: under torch.compile/export a reduction needs at least "
                          "one tensor input")
     kinds = tuple((v.cat, v.dim, v.label, v.io_dtype, v.data) if v.is_scalar else
-                  (v.cat, v.dim, v.label, v.io_dtype, tuple(v.data.shape), v.data.dtype,
-                   str(v.data.device)) for v in variables)
+                  (v.cat, v.dim, v.label, v.io_dtype, tuple(v.data.shape),
+                   v.data.dtype, str(v.data.device)) for v in variables)
     opts = tuple(sorted((opts or {}).items()))
     key = _traced_key(formula, kinds, reduction, axis, opts, backend)
     first = tensors[0]
@@ -224,7 +227,8 @@ def _interner_fx_repr(interner: ir.Interner) -> tuple:
 
 
 _register_formula_types()
-interop._table("torch"), interop._tensor_matmuls()  # torch functions on LazyTensors (K @ t) resolve by a dict lookup
+# torch functions on LazyTensors (K @ t) resolved by dict lookups that dynamo reads as they are
+interop._table("torch"), interop._tensor_matmuls()
 
 # dynamo calls these at trace time and keeps their results as constants, rather than
 # tracing the binding of the inputs; this is the attribute that

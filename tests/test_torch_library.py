@@ -14,8 +14,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from lazytensor import Genred, LazyTensor, Vi, Vj
-from lazytensor import torch_library
+from lazytensor import Genred, LazyTensor, Vi, Vj, torch_library
 
 GAUSS = Genred("Exp(-SqDist(x, y) * g) * b", ["x = Vi(3)", "y = Vj(3)", "b = Vj(2)", "g = Pm(1)"],
                "Sum", axis=1)
