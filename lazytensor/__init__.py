@@ -13,7 +13,6 @@ The public names load on first use, so that ``import lazytensor.cache`` (or
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 
@@ -63,14 +62,6 @@ __all__ = ["ComplexLazyTensor", "LazyTensor", "Pm", "Vi", "Vj", "__version__", "
            "generic_sum", "set_default_grad_mode"]
 
 
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+from .lazy_exports import lazy_exports  # noqa: E402
 
-
-def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

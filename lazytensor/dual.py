@@ -19,8 +19,8 @@ tangent formulas) is worked out once per call and set of dual inputs (:func:`fus
 ``grad_mode`` ("auto", "symbolic", "dual") and its default are options
 (:func:`lazytensor.options.set_default_grad_mode`).
 
->>> AUTO_MAX_TANGENTS, AUTO_MIN_PAIRS
-(8, 65536)
+>>> AUTO_MAX_FUSED, AUTO_MAX_OUTPUT_DIM, AUTO_MIN_PAIRS
+(16, 3, 65536)
 """
 
 from __future__ import annotations
@@ -34,10 +34,16 @@ from .autograd import reduction_vjp, unbroadcast
 from .codegen import ir, reductions, tangents
 from .dispatch import ReductionCall, execute
 
-# Largest total tangent dimension k for which "auto" picks dual mode. Measured on the CPU
-# backend with `python -m benchmarks.bench_dual`: fused forward+backward beats
-# forward + symbolic backward up to k = 8 for the Gaussian kernel (see BENCHMARKS.md).
-AUTO_MAX_TANGENTS = 8
+# "auto" picks dual mode while the fused formula (F and its k tangents: E * (1 + k)
+# components for F of dimension E) stays within the pair loop's vector width
+# (codegen.cpu.WIDE = 16; past it the fused pairs go one at a time: 14x the forward at
+# E = 1, k = 16), and for outputs of at most 3 components (from E = 4 the forward's weighted
+# sums are cheap and the tangents are not: symbolic / dual 0.84-1.06 at E = 4 and 8).
+# Measured on the CPU backend, N = M = 10,000, Gaussian kernel, loaded machine, medians of
+# 5 alternated rounds: symbolic / dual 1.6-2.7 at E = 1, k = 1..15; 1.1-1.3 at E = 2,
+# k = 1..7 and E = 3, k = 3..4; 0.89 at E = 4, k = 3; 0.47 at E = 8, k = 3; 0.28 at E = 4, k = 6.
+AUTO_MAX_FUSED = 16
+AUTO_MAX_OUTPUT_DIM = 3
 # Fewest pairs (B x N x M) for which "auto" picks dual mode. Below this the backward kernel
 # that dual mode saves costs no more than the tangents it adds to the forward: forward +
 # backward take the same time either way, and the forward alone is 1.5x faster without
@@ -62,7 +68,9 @@ def dual_slots(call: ReductionCall, requires_grad: tuple, mode: str) -> tuple:
     pairs = call.N * call.M
     for s in call.batch:
         pairs *= s
-    if not ks or (mode == "auto" and (k_total > AUTO_MAX_TANGENTS or pairs < AUTO_MIN_PAIRS)):
+    E = call.formula.dim
+    if not ks or (mode == "auto" and (E > AUTO_MAX_OUTPUT_DIM or E * (1 + k_total) > AUTO_MAX_FUSED
+                                      or pairs < AUTO_MIN_PAIRS)):
         return ()
     return tuple(ks)
 

@@ -631,7 +631,13 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
         >>> Vi(np.array([[-2.0], [3.0]])).clampint(0, 2).dense().tolist()
         [[0.0], [2.0]]
         """
-        return self._op("clamp", int(a), int(b))
+        bounds = []
+        for name, v in (("a", a), ("b", b)):
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not float(v).is_integer():
+                raise ArgumentTypeError(f"clampint: bound {name}={v!r} must be an integer "
+                                        "(use clamp for other bounds)")
+            bounds.append(int(v))
+        return self._op("clamp", *bounds)
 
     def ifelse(self, a: LazyTensor | Array | float, b: LazyTensor | Array | float) -> LazyTensor:
         """``a`` where ``self >= 0``, else ``b``, componentwise (as pykeops).

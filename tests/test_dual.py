@@ -210,3 +210,24 @@ def test_lazytensor_dual_output_is_the_plain_forward(rng):
         plain = K(x).sum(1)
     fused = K(x.clone().requires_grad_()).sum(1, grad_mode="dual")
     assert torch.equal(plain, fused.detach())
+
+
+@pytest.mark.parametrize("E, k, want", [(1, 3, "dual"), (1, 15, "dual"), (1, 16, "grad"),
+                                        (2, 7, "dual"), (2, 8, "grad"), (4, 1, "grad")])
+def test_auto_picks_dual_mode_within_the_measured_crossover(E, k, want, rng):
+    """``auto`` fuses while F (E components) and its k tangents fit the vector width and
+    E <= 3 (lazytensor.dual's constants); the gradient is right on either route."""
+    from lazytensor import engine
+
+    n = 300  # 9e4 pairs, past AUTO_MIN_PAIRS
+    x = torch.tensor(0.3 * rng.standard_normal((n, k)), requires_grad=True)
+    y, b = (torch.tensor(0.3 * rng.standard_normal((n, d))) for d in (k, E))
+    engine.clear_plans()
+    out = ((-Vi(x).sqdist(Vj(y))).exp() * Vj(b)).sum(1, grad_mode="auto")
+    routes = {p.route for p in engine._plans._plans.values()}
+    assert want in routes, routes
+    got, = torch.autograd.grad(out.square().sum(), [x])
+    xd = x.detach().requires_grad_()
+    dense = torch.exp(-((xd[:, None] - y[None]) ** 2).sum(-1)) @ b
+    expect, = torch.autograd.grad(dense.square().sum(), [xd])
+    torch.testing.assert_close(got, expect, rtol=1e-9, atol=1e-12)

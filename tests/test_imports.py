@@ -4,6 +4,10 @@ Every ``import`` of ``lazytensor/``, ``codegen/`` and ``cache/`` counts, at modu
 inside functions alike (parsed with ``ast``, nothing is imported). ``codegen``
 (``lazytensor.codegen``) and ``cache`` (``lazytensor.cache``) import neither the rest of
 ``lazytensor`` nor each other; ``lazytensor`` is where they meet.
+
+Imports by name (``importlib.import_module(f"{__package__}.x")``) are edges too, kept
+apart as *late* edges: each must be listed in ``LATE_EDGES`` with its reason, so a new
+one (a cycle hidden from the graph) fails the test until it is justified.
 """
 
 from __future__ import annotations
@@ -14,6 +18,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"lazytensor": ROOT / "lazytensor", "lazytensor.codegen": ROOT / "codegen",
             "lazytensor.cache": ROOT / "cache"}
+
+
+# late edges (module loads module by name on first use): why each is there
+LATE_EDGES = {
+    ("lazytensor.lazy", "lazytensor.interop"):
+        "interop's rules subclass LazyTensor: lazy names interop instead of importing it",
+}
 
 
 def _modules() -> dict:
@@ -34,6 +45,43 @@ def _resolve(name: str, modules: dict):
     while name and name not in modules:
         name = name.rpartition(".")[0]
     return name or None
+
+
+def _by_name(node: ast.AST, name: str, package: str) -> str | None:
+    """The module an ``importlib.import_module(...)`` call names, when it is spelled with
+    constants, ``__package__`` and ``__name__`` only (else None)."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "import_module" and node.args):
+        return None
+    arg = node.args[0]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    if not isinstance(arg, ast.JoinedStr):
+        return None
+    text = []
+    for part in arg.values:
+        if isinstance(part, ast.Constant):
+            text.append(str(part.value))
+        elif isinstance(part, ast.FormattedValue) and isinstance(part.value, ast.Name) \
+                and part.value.id in ("__package__", "__name__"):
+            text.append(package if part.value.id == "__package__" else name)
+        else:
+            return None
+    return "".join(text)
+
+
+def late_edges() -> set:
+    """(module, module it imports by name), for names spelled with constants."""
+    modules = _modules()
+    out = set()
+    for name, (path, is_pkg) in modules.items():
+        package = name if is_pkg else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            target = _by_name(node, name, package)
+            found = _resolve(target, modules) if target else None
+            if found is not None and found != name:
+                out.add((name, found))
+    return out
 
 
 def import_graph() -> dict:
@@ -136,3 +184,14 @@ def test_codegen_and_cache_import_neither_lazytensor_nor_each_other():
                 if not _inside(e, own) or any(_inside(e, o) for o in others):
                     bad.append(f"{name} imports {e}")
     assert not bad, bad
+
+
+def test_imports_by_name_are_the_listed_late_edges():
+    found = late_edges()
+    assert found == set(LATE_EDGES), (
+        f"imports by name not listed in LATE_EDGES: {sorted(found - set(LATE_EDGES))}; "
+        f"listed but gone: {sorted(set(LATE_EDGES) - found)}")
+    # a late edge is there to break a cycle: as a plain import it would close one
+    graph = import_graph()
+    for a, b in found:
+        assert _cycles({**graph, a: graph[a] | {b}}), f"{a} -> {b} can be a plain import"

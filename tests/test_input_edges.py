@@ -159,3 +159,16 @@ def test_k_larger_than_the_points_is_refused_with_or_without_ranges(rng):
     assert np.isinf(vals[:3, 2]).all() and (idx[:3, 2] == -1).all()
     full = np.sort(((x[3:, None] - y[None]) ** 2).sum(-1), 1)[:, :3]
     np.testing.assert_allclose(vals[3:], full, rtol=1e-12)
+
+
+@pytest.mark.parametrize("bound", [0.5, float("inf"), float("nan"), "1", True])
+def test_clampint_refuses_bounds_that_are_not_integers(rng, bound):
+    x = Vi(rng.standard_normal((5, 1)))
+    with pytest.raises(TypeError, match="clampint: bound a="):
+        x.clampint(bound, 2)
+
+
+def test_clampint_takes_integer_valued_bounds(rng):
+    data = 3 * rng.standard_normal((7, 2))
+    got = (Vi(data).clampint(np.int64(-1), 2.0) * Vj(np.ones((3, 1)))).sum(1)
+    np.testing.assert_allclose(got, 3 * np.clip(data, -1, 2), rtol=1e-12)

@@ -28,9 +28,12 @@ Adding a reduction is one subclass registered with :func:`register`, and its cas
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from .. import ir
+
+# an array of terms or outputs: float64 NumPy, or a torch tensor where merges run on devices
+Array = Any
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,7 @@ class Reduction:
         """The accumulator's dtype: ``dtype_acc``, else the rule of the reduction."""
         return opts.get("dtype_acc") or self.default_acc or dtype
 
-    def shape_output(self, out, F: int, opts: dict):
+    def shape_output(self, out: Array, F: int, opts: dict) -> Array:
         """An output as the caller sees it (the K-min family: ``(..., K, F)`` for F > 1)."""
         return out
 
@@ -103,7 +106,7 @@ class Reduction:
 
     # ------------------------------------------------------------------ array level
 
-    def partial(self, values, opts: dict, j0: int = 0) -> list:
+    def partial(self, values: Array, opts: dict, j0: int = 0) -> list:
         """The accumulator's state over the pair axis -2 of ``values`` (..., M, F),
         float64 NumPy; ``j0`` is the global index of the first term."""
         raise NotImplementedError
@@ -117,7 +120,7 @@ class Reduction:
         """The outputs of a state."""
         return list(state)
 
-    def ref(self, values, opts: dict, j0: int = 0) -> list:
+    def ref(self, values: Array, opts: dict, j0: int = 0) -> list:
         """Reference outputs over the pair axis -2 of ``values`` (..., M, F), float64."""
         return self.finalize(self.partial(values, opts, j0), opts)
 

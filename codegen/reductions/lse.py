@@ -21,7 +21,7 @@ from .. import ir
 from ..arraymath import namespace_of
 from ..compositions import concat
 from ..ops import apply
-from .base import Output, Reduction, register, write_code
+from .base import Array, Output, Reduction, register, write_code
 
 # Online log-sum-exp: (m, s) represents exp(m) * s. Tiles take their max first so the
 # sum of exponentials vectorizes; NaN propagates through s. Infinite terms follow the
@@ -51,7 +51,7 @@ class _LSEBase(Reduction):
     sum_type = True
     total_sum = False  # s[0] is Σ exp(f - m) itself, the weights' sums follow
 
-    def check(self, F, opts, M=None):
+    def check(self, F: int, opts: dict, M: int | None = None) -> None:
         if self.weighted and F < 2:
             raise ValueError(f"{self.name}: needs a weight (formula dimension {F})")
         if not self.weighted and F != 1:
@@ -69,7 +69,7 @@ class _LSEBase(Reduction):
         """C statements writing one row's outputs from ``m`` and ``s``."""
         raise NotImplementedError
 
-    def acc_code(self, F, opts):
+    def acc_code(self, F: int, opts: dict) -> str:
         return self._acc(self.n_sums(F), self.weight_code(), self.writes(F))
 
     def _acc(self, nsum: int, weights: str, writes: str) -> str:
@@ -103,18 +103,18 @@ struct Acc {{
 
     # ------------------------------------------------------------------ array level
 
-    def weights(self, values):
+    def weights(self, values: Array) -> Array:
         """The weights of the sums, (..., M, nsum), for values (..., M, F)."""
         return np.ones_like(values[..., :1])
 
-    def partial(self, values, opts, j0=0):
+    def partial(self, values: Array, opts: dict, j0: int = 0) -> list:
         f = values[..., :1]
         m = _ref_max(f)
         with np.errstate(all="ignore"):
             s = (_ref_shifted_exp(f, m) * self.weights(values)).sum(axis=-2)
         return [m, s]
 
-    def merge(self, a, b, opts):
+    def merge(self, a: list, b: list, opts: dict) -> list:
         """As ``lt_lse_add``: both sums rescaled to the larger maximum (the terms at +inf
         count 1 each, as in the kernels)."""
         (ma, sa), (mb, sb) = a, b
@@ -125,7 +125,7 @@ struct Acc {{
                  + sb * xp.where(mb == m, 1.0, xp.exp(mb - m)))
         return [m, xp.where(m != m, m + s * 0, s)]
 
-    def finalize(self, state, opts):
+    def finalize(self, state: list, opts: dict) -> list:
         m, s = state
         with np.errstate(all="ignore"):
             return [m + _log(s)]
@@ -155,30 +155,30 @@ class LogSumExp(_LSEBase):
     fusable = True
     lse_output = 0
 
-    def outputs(self, F, opts):
+    def outputs(self, F: int, opts: dict) -> list[Output]:
         return [Output(1, "value", float("-inf"))]
 
-    def check(self, F, opts, M=None):
+    def check(self, F: int, opts: dict, M: int | None = None) -> None:
         if F != 1:
             raise ValueError(
                 f"logsumexp: the formula must be scalar (dimension 1), got dimension {F}"
             )
 
-    def writes(self, F):
+    def writes(self, F: int) -> str:
         return write_code(0, "value", 1, "(T)(m + log(s[0]))")
 
-    def vjp_formula(self, F, saved, aux, limits=False):
+    def vjp_formula(self, F: ir.Node, saved: list, aux: bool, limits: bool = False) -> ir.Node:
         return _weight(F, saved[0], limits)
 
-    def normalizer(self, F, saved):
+    def normalizer(self, F: ir.Node, saved: list) -> ir.Node | None:
         return _weight(F, saved[0], True)
 
-    def dual(self, F, tangents):
+    def dual(self, F: ir.Node, tangents: list) -> tuple:
         # d lse = Σ_j softmax_j(F) dF_j: the softmax-weighted sum of the tangents, whose
         # second output is the log-sum-exp itself
         return concat([F, *tangents]), "sumsoftmaxweight", False
 
-    def dual_outputs(self, outs, F):
+    def dual_outputs(self, outs: list, F: int) -> tuple:
         return outs[1], outs[0][..., None]
 
 
@@ -199,22 +199,22 @@ class LogSumExpWeight(_LSEBase):
     gradient = "sum"
     wide = "softmax"
 
-    def outputs(self, F, opts):
+    def outputs(self, F: int, opts: dict) -> list[Output]:
         return [Output(F - 1, "value", float("-inf"))]
 
-    def n_sums(self, F):
+    def n_sums(self, F: int) -> int:
         return F - 1
 
-    def weight_code(self):
+    def weight_code(self) -> str:
         return "{f}[(1 + c) * {stride} + {jj}]"
 
-    def writes(self, F):
+    def writes(self, F: int) -> str:
         return write_code(0, "value", F - 1, "(T)(m + log(s[k]))")
 
-    def weights(self, values):
+    def weights(self, values: Array) -> Array:
         return values[..., 1:]
 
-    def vjp_formula(self, F, saved, aux, limits=False):
+    def vjp_formula(self, F: ir.Node, saved: list, aux: bool, limits: bool = False) -> ir.Node:
         f, w = _split(F)
         return apply("mul", _weight(f, saved[0], limits), w)
 
@@ -243,28 +243,28 @@ class SumSoftMaxWeight(_LSEBase):
     vjp_saves = 2
     lse_output = 1
 
-    def outputs(self, F, opts):
+    def outputs(self, F: int, opts: dict) -> list[Output]:
         return [Output(F - 1, "value", float("nan")), Output(1, "value", float("-inf"))]
 
-    def n_sums(self, F):
+    def n_sums(self, F: int) -> int:
         return F
 
-    def weight_code(self):
+    def weight_code(self) -> str:
         return "(c == 0 ? (T)1 : {f}[c * {stride} + {jj}])"
 
-    def writes(self, F):
+    def writes(self, F: int) -> str:
         return (write_code(0, "value", F - 1, "(T)(s[1 + k] / s[0])") + " "
                 + write_code(1, "value", 1, "(T)(m + log(s[0]))"))
 
-    def weights(self, values):
+    def weights(self, values: Array) -> Array:
         return np.concatenate([np.ones_like(values[..., :1]), values[..., 1:]], axis=-1)
 
-    def finalize(self, state, opts):
+    def finalize(self, state: list, opts: dict) -> list:
         m, s = state
         with np.errstate(all="ignore"):
             return [s[..., 1:] / s[..., :1], m + _log(s[..., :1])]
 
-    def vjp_formula(self, F, saved, aux, limits=False):
+    def vjp_formula(self, F: ir.Node, saved: list, aux: bool, limits: bool = False) -> ir.Node:
         f, w = _split(F)
         softmax = _weight(f, saved[1], limits)
         G = apply("mul", softmax, apply("sub", w, saved[0]))
@@ -272,7 +272,7 @@ class SumSoftMaxWeight(_LSEBase):
         # a cotangent in double backward: d lse = Σ_j softmax_ij df_ij.
         return apply("concat", G, softmax) if aux else G
 
-    def normalizer(self, F, saved):
+    def normalizer(self, F: ir.Node, saved: list) -> ir.Node | None:
         return _weight(_split(F)[0], saved[1], True)
 
 
@@ -292,13 +292,13 @@ class MaxSumShiftExp(_LSEBase):
     keops_name = "Max_SumShiftExp"
     aliases = ("maxsumshiftexp",)
 
-    def outputs(self, F, opts):
+    def outputs(self, F: int, opts: dict) -> list[Output]:
         return [Output(2, "value", float("nan"))]
 
-    def writes(self, F):
+    def writes(self, F: int) -> str:
         return "{ T* o = (T*)outs[0] + row * 2; o[0] = (T)m; o[1] = (T)s[0]; }"
 
-    def finalize(self, state, opts):
+    def finalize(self, state: list, opts: dict) -> list:
         return [namespace_of(state[0]).concat(list(state))]
 
 

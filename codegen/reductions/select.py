@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..arraymath import namespace_of
-from .base import Output, Reduction, register, write_code
+from .base import Array, Output, Reduction, register, write_code
 
 BETTER_CODE = """
 // (a, ia) replaces (b, ib)? ib < 0 marks an empty slot. NaN counts as the best value
@@ -119,7 +119,7 @@ class _Select(Reduction):
     with_index = False
     user_outputs = 1
 
-    def outputs(self, F, opts):
+    def outputs(self, F: int, opts: dict) -> list[Output]:
         empty = float("inf") if self.want_min else float("-inf")
         outs = []
         if self.with_value:
@@ -128,7 +128,7 @@ class _Select(Reduction):
             outs.append(Output(F, "index", -1))
         return outs
 
-    def acc_code(self, F, opts):
+    def acc_code(self, F: int, opts: dict) -> str:
         wm = "true" if self.want_min else "false"
         writes = []
         if self.with_value:
@@ -166,7 +166,7 @@ struct Acc {{
   LT_HD LT_INLINE void write(void* const* outs, int64_t row) const {{ {" ".join(writes)} }}
 }};"""
 
-    def partial(self, values, opts, j0=0):
+    def partial(self, values: Array, opts: dict, j0: int = 0) -> list:
         M = values.shape[-2]
         if M == 0:
             shape = values.shape[:-2] + values.shape[-1:]
@@ -178,12 +178,12 @@ struct Acc {{
             idx = idx.astype(np.int64) + j0
         return [v, idx]
 
-    def merge(self, a, b, opts):
+    def merge(self, a: list, b: list, opts: dict) -> list:
         take = _better(b[0], b[1], a[0], a[1], self.want_min)
         xp = namespace_of(a[0])
         return [xp.where(take, b[0], a[0]), xp.where(take, b[1], a[1])]
 
-    def finalize(self, state, opts):
+    def finalize(self, state: list, opts: dict) -> list:
         return ([state[0]] if self.with_value else []) + ([state[1]] if self.with_index else [])
 
 
@@ -237,7 +237,7 @@ class _KSelect(Reduction):
     with_index = False
     needs_k = True
 
-    def outputs(self, F, opts):
+    def outputs(self, F: int, opts: dict) -> list[Output]:
         K = int(opts["K"])
         empty = float("inf") if self.want_min else float("-inf")
         outs = []
@@ -247,19 +247,19 @@ class _KSelect(Reduction):
             outs.append(Output(K * F, "index", -1))
         return outs
 
-    def check(self, F, opts, M=None):
+    def check(self, F: int, opts: dict, M: int | None = None) -> None:
         K = opts.get("K")
         if not isinstance(K, (int, np.integer)) or isinstance(K, bool) or K < 1:
             raise ValueError(f"{self.name}: K must be a positive integer, got {K!r}")
         if M is not None and K > M:
             raise ValueError(f"{self.name}: K={K} is larger than the number of reduced points ({M})")
 
-    def shape_output(self, out, F, opts):
+    def shape_output(self, out: Array, F: int, opts: dict) -> Array:
         if F > 1:
             return out.reshape(*out.shape[:-1], int(opts["K"]), F)
         return out
 
-    def acc_code(self, F, opts):
+    def acc_code(self, F: int, opts: dict) -> str:
         K = int(opts["K"])
         wm = "true" if self.want_min else "false"
         init_v = "(T)INFINITY" if self.want_min else "-(T)INFINITY"
@@ -314,7 +314,7 @@ struct Acc {{
   LT_HD LT_INLINE void write(void* const* outs, int64_t row) const {{ {" ".join(writes)} }}
 }};"""
 
-    def partial(self, values, opts, j0=0):
+    def partial(self, values: Array, opts: dict, j0: int = 0) -> list:
         """(values, indices), each (..., K, F) best first; slots past the terms are empty."""
         K = int(opts["K"])
         key = values if self.want_min else -values
@@ -328,7 +328,7 @@ struct Acc {{
             idx = np.concatenate([idx, np.full(shape, -1, dtype=np.int64)], -2)
         return [v, idx]
 
-    def merge(self, a, b, opts):
+    def merge(self, a: list, b: list, opts: dict) -> list:
         """The K best of two sorted lists, K steps of a vectorized merge."""
         K = int(opts["K"])
         xp = namespace_of(a[0])
@@ -348,7 +348,7 @@ struct Acc {{
             pa, pb = pa + (~take), pb + take
         return [_join(xp, out_v), _join(xp, out_i)]
 
-    def finalize(self, state, opts):
+    def finalize(self, state: list, opts: dict) -> list:
         lead = state[0].shape[:-2]
         outs = []
         if self.with_value:

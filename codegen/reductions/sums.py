@@ -13,8 +13,9 @@ form a Sum of the formula and its tangents side by side.
 
 from __future__ import annotations
 
+from .. import ir
 from ..compositions import concat
-from .base import Output, Reduction, register, write_code
+from .base import Array, Output, Reduction, register, write_code
 
 
 @register
@@ -38,10 +39,10 @@ class Sum(Reduction):
     fusable = True
     wide = "sum"
 
-    def outputs(self, F, opts):
+    def outputs(self, F: int, opts: dict) -> list[Output]:
         return [Output(F, "value", 0.0)]
 
-    def acc_code(self, F, opts):
+    def acc_code(self, F: int, opts: dict) -> str:
         scheme = opts.get("sum_scheme", "block_sum")
         add = ("{ TA y = (TA)(x) - c[k]; TA t = s[k] + y; c[k] = (t - s[k]) - y; s[k] = t; }"
                if scheme == "kahan_scheme" else "s[k] += (TA)(x);")
@@ -62,22 +63,22 @@ struct Acc {{
   LT_HD LT_INLINE void write(void* const* outs, int64_t row) const {{ {write_code(0, "value", F, "(T)(s[k] - c[k])")} }}
 }};"""
 
-    def lanes_add(self, opts):
+    def lanes_add(self, opts: dict) -> bool:
         return opts.get("sum_scheme", "block_sum") == "block_sum"
 
-    def partial(self, values, opts, j0=0):
+    def partial(self, values: Array, opts: dict, j0: int = 0) -> list:
         return [values.sum(axis=-2)]
 
-    def merge(self, a, b, opts):
+    def merge(self, a: list, b: list, opts: dict) -> list:
         return [a[0] + b[0]]
 
-    def vjp_formula(self, F, saved, aux, limits=False):
+    def vjp_formula(self, F: ir.Node, saved: list, aux: bool, limits: bool = False) -> ir.Node:
         return F
 
-    def dual(self, F, tangents):
+    def dual(self, F: ir.Node, tangents: list) -> tuple:
         return concat([F, *tangents]), "sum", True
 
-    def dual_outputs(self, outs, F):
+    def dual_outputs(self, outs: list, F: int) -> tuple:
         out, J = outs[0][..., :F], outs[0][..., F:]
         # k = J's width / F, explicit: with no rows at all, -1 would be ambiguous
         return out, J.reshape(*J.shape[:-1], J.shape[-1] // F, F)

@@ -34,8 +34,7 @@ supported here.
 
 from __future__ import annotations
 
-import importlib
-
+from ..lazy_exports import lazy_exports
 from .context import Sharding, active, sharded
 
 _EXPORTS = {"reduce": "api", "DistributedReductionError": "protocol", "last_stats": "api"}
@@ -43,10 +42,4 @@ _EXPORTS = {"reduce": "api", "DistributedReductionError": "protocol", "last_stat
 __all__ = ["DistributedReductionError", "Sharding", "active", "last_stats", "reduce", "sharded"]
 
 
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
