@@ -22,6 +22,7 @@ inputs; the ranges are data of the run. :func:`clear_plans` empties it.
 
 from __future__ import annotations
 
+import importlib
 import sys
 import threading
 import warnings
@@ -240,6 +241,20 @@ def _grad_enabled() -> bool:
     return torch is not None and torch.is_grad_enabled()
 
 
+def torch_library():
+    """:mod:`lazytensor.torch_library`, loaded by name: it sits above the user API (it
+    registers the op and runs LazyTensor's interop table before any trace), which calls
+    it under torch.compile/export and for fake inputs. (Found in ``sys.modules`` once
+    loaded: torch dynamo traces a dict lookup, not ``importlib``.)"""
+    module = sys.modules.get(_TORCH_LIBRARY)
+    if module is None:
+        module = importlib.import_module(f"{__package__}.torch_library")
+    return module
+
+
+_TORCH_LIBRARY = f"{__package__}.torch_library"
+
+
 def torch_compiling() -> bool:
     """torch.compile (dynamo) or torch.export is tracing the caller: reductions then go
     through the torch.library op (:mod:`lazytensor.torch_library`)."""
@@ -270,9 +285,7 @@ def prepare(formula: ir.Node, variables: list, reduction: str, axis: int, opts: 
     if call.library == "torch" and _traced(variables):
         # FakeTensor or meta inputs: the torch.library op, whose fake kernel gives the
         # outputs' shapes without launching anything
-        from .torch_library import route_through_op
-
-        return route_through_op(plan)
+        return torch_library().route_through_op(plan)
     requires = tuple(bool(getattr(v.data, "requires_grad", False)) for v in variables)
     if call.library == "torch" and _transforms_active():
         # torch.func transforms and forward-mode AD see reductions through the autograd
@@ -363,4 +376,4 @@ def _prepare_vjp(call: ReductionCall, needs: tuple) -> None:
 
 
 __all__ = ["Plan", "ReductionCall", "bound_call", "clear_plans", "prepare", "reduce",
-           "torch_compiling"]
+           "torch_compiling", "torch_library"]

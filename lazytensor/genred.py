@@ -94,10 +94,8 @@ class Genred:
             if ranges is not None:
                 raise NotImplementedError("Genred: block-sparse ranges are not supported under "
                                           "torch.compile or torch.export")
-            from . import torch_library
-
-            result = torch_library.traced_reduce(self.formula, variables, self.reduction,
-                                                 self.axis, self.opts, backend)
+            result = engine.torch_library().traced_reduce(
+                self.formula, variables, self.reduction, self.axis, self.opts, backend)
         elif ranges is not None:  # block-sparse (see lazytensor.ranges)
             from . import ranges as ranges_mod
 

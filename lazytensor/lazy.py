@@ -37,7 +37,7 @@ def _interop():
     it, and the import graph keeps one direction. (Found in ``sys.modules`` once loaded:
     torch dynamo traces a dict lookup, not ``importlib``.)"""
     module = sys.modules.get(_INTEROP)
-    return module if module is not None else importlib.import_module(_INTEROP)
+    return module if module is not None else importlib.import_module(f"{__package__}.interop")
 
 
 _INTEROP = f"{__package__}.interop"
@@ -831,10 +831,8 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
                 raise NotImplementedError(f"{reduction}: block-sparse ranges and distributed "
                                           "reductions are not supported under torch.compile "
                                           "or torch.export")
-            from . import torch_library
-
-            result = torch_library.traced_reduce(self.formula, self.variables, reduction,
-                                                 axis_, opts, backend)
+            result = engine.torch_library().traced_reduce(
+                self.formula, self.variables, reduction, axis_, opts, backend)
             if io_dtype:
                 result = half.cast_outputs(result, io_dtype)
             return result if out is None else copy_into(out, result)
@@ -1356,4 +1354,4 @@ class ComplexLazyTensor(ComplexMethods, LazyTensor):
 LazyTensor._complex_type = ComplexLazyTensor
 
 if "torch" in sys.modules:  # the torch.library op, registered before torch traces a reduction
-    from . import torch_library  # noqa: E402,F401
+    engine.torch_library()
