@@ -114,8 +114,8 @@ class Plan:
     """A prepared reduction: everything but the arrays.
 
     ``route``: "plain" (no autograd), "op" (the torch.library op of
-    :mod:`lazytensor.torch_library` on ``run_call``: FakeTensor and meta inputs), "grad" (:class:`~lazytensor.autograd.KernelReduction`
-    on ``call``), "arg" (the same on the reduction's ``arg_variant``, whose indices the
+    :mod:`lazytensor.torch_library` on ``run_call``: FakeTensor and meta inputs), "grad"
+    (:class:`~lazytensor.autograd.KernelReduction` on ``call``), "arg" (the same on the reduction's ``arg_variant``, whose indices the
     gradient gathers through) or "dual" (:class:`~lazytensor.dual.FusedReduction` with
     the fused inputs ``dual_slots``); ``apply`` is the autograd Function's ``apply``.
     """
@@ -241,6 +241,9 @@ def _grad_enabled() -> bool:
     return torch is not None and torch.is_grad_enabled()
 
 
+_TORCH_LIBRARY = f"{__package__}.torch_library"
+
+
 def torch_library():
     """:mod:`lazytensor.torch_library`, loaded by name: it sits above the user API (it
     registers the op and runs LazyTensor's interop table before any trace), which calls
@@ -250,9 +253,6 @@ def torch_library():
     if module is None:
         module = importlib.import_module(f"{__package__}.torch_library")
     return module
-
-
-_TORCH_LIBRARY = f"{__package__}.torch_library"
 
 
 def torch_compiling() -> bool:
