@@ -159,7 +159,7 @@ class CpuExecutor:
 def _cuda_executor(call: ReductionCall, specs: list):
     from .cuda import kernels, launch  # imports pycuda, only for the GPU
 
-    spec = call.spec()
+    spec, ranged = call.spec(), call.spec(True)
     run_launch = launch.launch_cuda if call.library == "torch" else launch.launch_numpy
     if call.library == "torch":
         import torch
@@ -171,13 +171,12 @@ def _cuda_executor(call: ReductionCall, specs: list):
             return [np.empty(shape, dtype=dt) for shape, dt in specs]
 
     def run(arrays, ranges=None):
-        if ranges is not None:
-            raise NotImplementedError("block-sparse ranges on the GPU: not yet supported (the "
-                                      "CPU backend runs them: move the inputs with .cpu())")
-        kernel = kernels.get_cuda_kernel(spec, call.device_index)
+        # block-sparse calls: the call's block-sparse kernel (built on first use)
+        kernel = kernels.get_cuda_kernel(spec if ranges is None else ranged, call.device_index)
         outs = alloc()
         if call.N > 0 and all(s > 0 for s in call.batch):
-            run_launch(kernel, arrays, list(call.cats), call.batch, call.N, call.M, outs)
+            run_launch(kernel, arrays, list(call.cats), call.batch, call.N, call.M, outs,
+                       ranges)
         return outs
 
     return run

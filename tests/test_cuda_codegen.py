@@ -4,7 +4,8 @@ No GPU is needed (nvcc only); the tests are skipped where nvcc is absent. nvcc c
 seconds per invocation, so kernels are rendered with distinct names and concatenated:
 one ``.cu`` per dtype for the ops (one kernel per op), one per dtype for the reductions
 (one kernel per reduction, on a formula using several ops), one for the layout variants
-(large dimensions, parameters only, no j-variable). The files compile concurrently.
+(large dimensions, parameters only, no j-variable, wide sums), and the block-sparse
+variants of the reductions and layouts. The files compile concurrently.
 """
 
 from __future__ import annotations
@@ -86,8 +87,8 @@ def reduction_case(name: str):
     return A("concat", A("exp", A("neg", d2)), A("sqrt", A("add", d2, S))), opts
 
 
-def _module(kernels) -> str:
-    return "".join(render_cuda_kernel(f, specs, red, opts, dtype, name=name)
+def _module(kernels, ranged: bool = False) -> str:
+    return "".join(render_cuda_kernel(f, specs, red, opts, dtype, name=name, ranged=ranged)
                    for name, f, specs, red, opts, dtype in kernels)
 
 
@@ -95,7 +96,7 @@ def _ops_module(dtype):
     return _module([(f"op_{n}", op_formula(n), SPECS, "sum", {}, dtype) for n in all_ops()])
 
 
-def _reductions_module(dtype):
+def _reductions_module(dtype, ranged=False):
     kernels = []
     for n in reduction_names():
         f, opts = reduction_case(n)
@@ -107,11 +108,12 @@ def _reductions_module(dtype):
             kernels.append((f"swapped_{n}", f2, specs2, n, opts, dtype))
     kernels.append(("kahan", A("exp", A("neg", A("sum", A("square", A("sub", X, Y))))), SPECS,
                     "sum", {"sum_scheme": "kahan_scheme"}, dtype))
-    return _module(kernels)
+    return _module(kernels, ranged)
 
 
-def _layouts_module():
-    """Shapes that take the other code paths: large i (by pointer), large j (unstaged)."""
+def _layouts_module(ranged=False):
+    """Shapes that take the other code paths: large i (by pointer), large j (unstaged),
+    vector sums chunked, wide sums (K @ V, attention)."""
     big_i, big_j = ir.var(0, 784, "i"), ir.var(1, 784, "j")
     w = ir.var(2, 64, "j")
     gauss = A("mul", A("exp", A("neg", A("sum", A("square", A("sub", big_i, big_j))))), w)
@@ -122,14 +124,21 @@ def _layouts_module():
                ("big_kmin", A("sum", A("square", A("sub", big_i, big_j))), specs[:2], "argkmin",
                 {"K": 10}, "float32"),
                ("no_j", p_only, [VarSpec(0, 3, "i"), VarSpec(2, 1, "i"), VarSpec(5, 3, "p")],
-                "sum", {}, "float64")]
-    return _module(kernels)
+                "sum", {}, "float64"),
+               ("k_at_v", A("mul", A("exp", A("neg", A("sum", A("square", A("sub", X, Y))))),
+                            w), SPECS[:2] + [VarSpec(2, 64, "j")], "sum", {}, "float32"),
+               ("attention", A("concat", A("sum", A("mul", X, Y)), w),
+                SPECS[:2] + [VarSpec(2, 64, "j")], "sumsoftmaxweight", {}, "float64")]
+    return _module(kernels, ranged)
 
 
 MODULES = {
     **{f"ops_{dt}": functools.partial(_ops_module, dt) for dt in DTYPES},
     **{f"reductions_{dt}": functools.partial(_reductions_module, dt) for dt in DTYPES},
     "layouts": _layouts_module,
+    # the block-sparse variants (a block of threads per piece, its intervals in tiles)
+    "ranged_reductions": functools.partial(_reductions_module, "float32", True),
+    "ranged_layouts": functools.partial(_layouts_module, True),
 }
 
 

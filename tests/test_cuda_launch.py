@@ -64,6 +64,22 @@ def test_pack_args_follows_the_struct_layout():
     assert at["bshape"][:3] == [4, 5, 1]
     assert (at["N"], at["M"], at["B"], at["nbd"], at["nJC"], at["JC"]) == (
         [9], [10], [20], [2], [3], [4])
+    assert (at["pieces"], at["ivs"], at["npieces"]) == ([0], [0], [0])  # full product
+    words = launch.pack_args(2, 1, [11, 12], [21], 0, [], [[], []], 9, 10, 1, 10,
+                             (41, 42, 43))
+    assert words[-3:] == [41, 42, 43]
+
+
+def test_ranges_plan_is_one_block_per_piece_and_batch_element():
+    class Kernel:
+        threads, layout = 128, {"group": 4}
+
+    assert launch.piece_rows(Kernel) == 32  # four threads per row of a wide sum
+    plan = launch.ranges_plan(Kernel, 7, 3)
+    assert (plan.grid, plan.threads, plan.nJC, plan.merge_grid, plan.part_bytes) == (
+        21, 128, 1, 0, 0)
+    with pytest.raises(ValueError, match="too many blocks"):
+        launch.ranges_plan(Kernel, 2**30, 4)
 
 
 def test_split_scheme_is_chosen_for_few_rows():

@@ -14,68 +14,24 @@ import re
 import numpy as np
 import pytest
 import torch
+from conftest import GPU_REDUCTIONS, assert_gpu_close, gpu_reduction
 
 from lazytensor import LazyTensor, Vi, Vj
 from lazytensor.cuda import kernels, streams
 
 pytestmark = [pytest.mark.cuda]
 
-RTOL = {torch.float32: 1e-4, torch.float64: 1e-10}
-
-
-def _run(name, x, y, b, backend):
-    d2 = Vi(x).sqdist(Vj(y))
-    if name == "sum":
-        return ((-d2).exp() * Vj(b)).sum(dim=1, backend=backend)
-    if name == "logsumexp":
-        return (-d2).logsumexp(dim=1, backend=backend)
-    if name == "logsumexp_weight":
-        return (-d2).logsumexp(dim=1, weight=Vj(b.abs()), backend=backend)
-    if name == "sumsoftmaxweight":
-        return (-d2).sumsoftmaxweight(Vj(b), dim=1, backend=backend)
-    if name in ("min", "max", "argmin", "argmax", "min_argmin", "max_argmax"):
-        return getattr(d2, name)(dim=1, backend=backend)
-    if name in ("kmin", "argkmin", "kmin_argkmin"):
-        fn = {"kmin": "Kmin", "argkmin": "argKmin", "kmin_argkmin": "Kmin_argKmin"}[name]
-        return getattr(d2, fn)(5, dim=1, backend=backend)
-    raise AssertionError(name)
-
-
-def _compare(gpu, got, want, dtype, x=None, y=None):
-    got = got if isinstance(got, tuple) else (got,)
-    want = want if isinstance(want, tuple) else (want,)
-    for g, w in zip(got, want):
-        assert gpu.is_device(g) and g.dtype == w.dtype and g.shape == w.shape
-        g = g.cpu()
-        if w.dtype == torch.int64:
-            if dtype == torch.float64:
-                assert torch.equal(g, w)
-            else:  # float32 near-ties may pick another index: compare the values attained
-                d_g = ((x[:, None, :] - y[g.reshape(g.shape[0], -1)]) ** 2).sum(-1)
-                d_w = ((x[:, None, :] - y[w.reshape(w.shape[0], -1)]) ** 2).sum(-1)
-                assert torch.allclose(d_g, d_w, rtol=1e-4, atol=1e-5)
-        else:
-            assert torch.equal(g.isnan(), w.isnan())
-            g, w = g.nan_to_num(), w.nan_to_num()
-            scale = w.abs().max().clamp(min=1e-30)
-            assert ((g - w).abs().max() / scale).item() <= RTOL[dtype]
-
-
-NAMES = ["sum", "logsumexp", "logsumexp_weight", "sumsoftmaxweight", "min", "max", "argmin",
-         "argmax", "min_argmin", "max_argmax", "kmin", "argkmin", "kmin_argkmin"]
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
 @pytest.mark.parametrize("N, M", [(3000, 2000), (7, 100_000)], ids=["1d", "split"])
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", GPU_REDUCTIONS)
 def test_reduction_cuda_matches_cpu(gpu, name, N, M, dtype):
     g = torch.Generator().manual_seed(N + M)
     x = torch.rand(N, 3, generator=g, dtype=dtype)
     y = torch.rand(M, 3, generator=g, dtype=dtype)
     b = torch.randn(M, 2, generator=g, dtype=dtype)
-    want = _run(name, x, y, b, "cpu")
-    got = _run(name, gpu.to(x), gpu.to(y), gpu.to(b), "auto")
-    _compare(gpu, got, want, dtype, x, y)
+    want = gpu_reduction(name, x, y, b, "cpu")
+    got = gpu_reduction(name, gpu.to(x), gpu.to(y), gpu.to(b), "auto")
+    assert_gpu_close(gpu, got, want, dtype, x, y)
 
 
 def test_batched_broadcast(gpu):
@@ -89,8 +45,8 @@ def test_batched_broadcast(gpu):
 
     got = run(gpu.to(x), gpu.to(y), gpu.to(s), "cuda")
     want = run(x, y, s, "cpu")
-    _compare(gpu, got[0], want[0], torch.float64)
-    _compare(gpu, got[1], want[1], torch.float64)
+    assert_gpu_close(gpu, got[0], want[0], torch.float64)
+    assert_gpu_close(gpu, got[1], want[1], torch.float64)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
@@ -107,7 +63,7 @@ def test_gradients(gpu, dtype):
         return torch.autograd.grad(loss, [x, y, b])
 
     for g, w in zip(grads(gpu.to, "auto"), grads(lambda t: t.clone(), "cpu")):
-        _compare(gpu, g, w, dtype)
+        assert_gpu_close(gpu, g, w, dtype)
 
 
 def test_large_dimension_and_knn(gpu):
@@ -117,9 +73,9 @@ def test_large_dimension_and_knn(gpu):
     y = torch.randn(M, 784) / 28
     want = Vi(x).sqdist(Vj(y)).argKmin(10, dim=1, backend="cpu")
     got = Vi(gpu.to(x)).sqdist(Vj(gpu.to(y))).argKmin(10, dim=1)
-    _compare(gpu, got, want, torch.float32, x, y)
+    assert_gpu_close(gpu, got, want, torch.float32, x, y)
     want = (-Vi(x).sqdist(Vj(y))).exp().sum(dim=1, backend="cpu")
-    _compare(gpu, (-Vi(gpu.to(x)).sqdist(Vj(gpu.to(y)))).exp().sum(dim=1), want,
+    assert_gpu_close(gpu, (-Vi(gpu.to(x)).sqdist(Vj(gpu.to(y)))).exp().sum(dim=1), want,
              torch.float32)
 
 
@@ -298,7 +254,7 @@ def test_wide_sum_k_at_v(gpu, N, M, dtype):
     def run(x, y, v, backend):
         return ((-Vi(x).sqdist(Vj(y)) * 3).exp() * Vj(v)).sum(dim=1, backend=backend)
 
-    _compare(gpu, run(gpu.to(x), gpu.to(y), gpu.to(v), "auto"), run(x, y, v, "cpu"), dtype)
+    assert_gpu_close(gpu, run(gpu.to(x), gpu.to(y), gpu.to(v), "auto"), run(x, y, v, "cpu"), dtype)
 
 
 @pytest.mark.parametrize("N, M", [(200, 300), (5, 9000)], ids=["1d", "split"])
@@ -315,7 +271,7 @@ def test_attention_and_weighted_logsumexp_with_wide_values(gpu, N, M):
                                                 backend=backend)
 
     for fn in (attention, weighted_lse):
-        _compare(gpu, fn(gpu.to(q), gpu.to(k), gpu.to(v), "auto"), fn(q, k, v, "cpu"),
+        assert_gpu_close(gpu, fn(gpu.to(q), gpu.to(k), gpu.to(v), "auto"), fn(q, k, v, "cpu"),
                  torch.float32)
 
 
@@ -329,7 +285,7 @@ def test_gradients_in_dimension_64(gpu):
         return torch.autograd.grad((a ** 2).sum(), [x, y])
 
     for got, want in zip(grads(gpu.to, "auto"), grads(lambda t: t.clone(), "cpu")):
-        _compare(gpu, got, want, torch.float32)
+        assert_gpu_close(gpu, got, want, torch.float32)
 
 
 def test_float32_logsumexp_to_cpu_accuracy(gpu):

@@ -7,73 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import clustered_pattern, expected, random_ranges
 
 from lazytensor import LazyTensor, Vi, Vj
 from lazytensor.cluster import from_matrix
 from lazytensor.ranges import BlockRanges
-
-
-def random_ranges(rng, N: int, M: int, n_blocks: int = 6):
-    """A forward-only pattern (the transposed half empty): blocks in random order with
-    gaps, each with 0-4 intervals in random order, some repeated, some empty."""
-    cuts = np.sort(rng.choice(np.arange(1, N), size=2 * n_blocks - 1, replace=False))
-    edges = np.concatenate([[0], cuts, [N]])
-    blocks = [(edges[2 * k], edges[2 * k + 1]) for k in range(n_blocks)]  # every other one
-    blocks.append((edges[-2], edges[-1]))
-    blocks = [blocks[k] for k in rng.permutation(len(blocks))]
-    red, slices = [], []
-    for _ in blocks:
-        for _ in range(rng.integers(0, 5)):
-            s = int(rng.integers(0, M))
-            e = int(rng.integers(s, M + 1)) if rng.random() < 0.9 else s  # some empty
-            red.append((s, e))
-            if rng.random() < 0.2:
-                red.append((s, e))  # repeated: counted twice
-        slices.append(len(red))
-    empty = np.zeros((0, 2), np.int64)
-    return (np.array(blocks, np.int64).reshape(-1, 2), np.array(slices, np.int64),
-            np.array(red, np.int64).reshape(-1, 2), empty, np.zeros(0, np.int64), empty)
-
-
-def gathered(ranges, N: int):
-    """{row range: global j indices in the order the block reduces them (repeats kept)}."""
-    out = {}
-    ranges_i, slices_i, red = ranges[:3]
-    for k, (a, b) in enumerate(ranges_i):
-        lo = slices_i[k - 1] if k else 0
-        idx = [np.arange(s, e) for s, e in red[lo:slices_i[k]]]
-        out[(int(a), int(b))] = np.concatenate(idx) if idx else np.zeros(0, np.int64)
-    return out
-
-
-def expected(values, ranges, reduction: str, K: int = 0):
-    """Dense oracle: ``values`` (N, M, F) float64 reduced over each block's gathered j."""
-    N, _, F = values.shape
-    empty = {"sum": 0.0, "min": np.inf, "max": -np.inf, "kmin": np.inf, "lse": -np.inf}[reduction]
-    width = K * F if reduction == "kmin" else F
-    out = np.full((N, width), empty)
-    idx_out = np.full((N, width), -1, np.int64)
-    for (a, b), idx in gathered(ranges, N).items():
-        v = values[a:b][:, idx]  # (rows, n, F)
-        if len(idx) == 0:
-            continue
-        if reduction == "sum":
-            out[a:b] = v.sum(1)
-        elif reduction in ("min", "max"):
-            pick = v.argmin(1) if reduction == "min" else v.argmax(1)
-            out[a:b] = np.take_along_axis(v, pick[:, None], 1)[:, 0]
-            idx_out[a:b] = idx[pick]
-        elif reduction == "kmin":
-            order = np.argsort(v, axis=1, kind="stable")[:, :K]  # (rows, <=K, F)
-            n = order.shape[1]
-            vals = np.take_along_axis(v, order, 1)
-            for c in range(F):  # layout [K][F]
-                out[a:b, c:n * F:F] = vals[:, :, c]
-                idx_out[a:b, c:n * F:F] = idx[order[:, :, c]]
-        else:
-            m = v.max(1, keepdims=True)
-            out[a:b] = (m + np.log(np.exp(v - m).sum(1, keepdims=True)))[:, 0]
-    return out, idx_out
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -151,22 +89,11 @@ def test_batch_dimensions(rng):
         np.testing.assert_array_equal(idx[k], expected(d2, ranges, "kmin", K=3)[1])
 
 
-def _clustered_pattern(rng, N, M, C=8):
-    """Consistent ranges in both directions (from a random cluster-pair matrix)."""
-    ci = np.sort(rng.choice(np.arange(1, N), C - 1, replace=False))
-    cj = np.sort(rng.choice(np.arange(1, M), C - 1, replace=False))
-    ri = np.stack([np.r_[0, ci], np.r_[ci, N]], 1)
-    rj = np.stack([np.r_[0, cj], np.r_[cj, M]], 1)
-    keep = rng.random((C, C)) < 0.4
-    mask = np.repeat(np.repeat(keep, np.diff(ri, 1)[:, 0], 0), np.diff(rj, 1)[:, 0], 1)
-    return from_matrix(ri, rj, keep), mask
-
-
 @pytest.mark.parametrize("grad_mode", ["symbolic", "dual"])
 def test_gradients_with_batch_and_both_modes(rng, grad_mode):
     torch = pytest.importorskip("torch")
     B, N, M = 2, 90, 70
-    ranges, mask = _clustered_pattern(rng, N, M)
+    ranges, mask = clustered_pattern(rng, N, M)
     x = torch.from_numpy(rng.standard_normal((B, N, 1, 2))).requires_grad_(True)
     y = torch.from_numpy(rng.standard_normal((B, 1, M, 2))).requires_grad_(True)
     b = torch.from_numpy(rng.standard_normal((B, 1, M, 1))).requires_grad_(True)
@@ -260,7 +187,7 @@ def test_torch_func_vmap_and_jvp_follow_the_ranges(rng):
     sums over the kept pairs only (against dense masked torch)."""
     torch = pytest.importorskip("torch")
     N, M = 70, 60
-    ranges, mask = _clustered_pattern(rng, N, M)
+    ranges, mask = clustered_pattern(rng, N, M)
     xs = torch.from_numpy(rng.standard_normal((4, N, 2)))
     y = torch.from_numpy(rng.standard_normal((M, 2)))
     m = torch.from_numpy(mask)

@@ -168,6 +168,55 @@ def _grad_case(name, dtype, N, M, D):
     return Case(name, dtype, inputs, lazy, dense, grad=True, pairs=3 * N * M)
 
 
+def _clustered_ranges(torch, g, dtype, N, M, D, cell=0.1, radius=0.25):
+    """Points sorted by grid cell and the ranges keeping pairs of cells whose centroids
+    are within ``radius`` (and each row cell's nearest column cell: no row without pairs)."""
+    from lazytensor.cluster import (
+        cluster_ranges_centroids,
+        from_matrix,
+        grid_cluster,
+        sort_clusters,
+    )
+
+    pts = []
+    for n in (N, M):
+        p = torch.rand(n, D, generator=g, dtype=torch.float64)
+        p, lab = sort_clusters(p, grid_cluster(p, cell))
+        r, c, _ = cluster_ranges_centroids(p, lab)
+        pts.append((p.to(getattr(torch, dtype)), r, c))
+    (x, rx, cx), (y, ry, cy) = pts
+    d = ((cx[:, None] - cy[None]) ** 2).sum(-1)
+    keep = (d < radius ** 2) | (d == d.min(1, keepdim=True).values)
+    return x, y, from_matrix(rx, ry, keep)
+
+
+def _ranges_case(name, dtype, N, M, D):
+    """Block-sparse Gaussian sum and log-sum-exp, forward and gradients (the gradient in y
+    runs with the transposed ranges)."""
+    from lazytensor import Vi, Vj
+
+    kept = {}
+
+    def inputs(torch, g):
+        x, y, ranges = _clustered_ranges(torch, g, dtype, N, M, D)
+        kept["ranges"] = ranges
+        b = torch.rand(M, 2, generator=g, dtype=getattr(torch, dtype)) - 0.5
+        return {"x": x, "y": y, "b": b}
+
+    def lazy(t, backend):
+        import torch
+
+        ranges = kept["ranges"]
+        x, y, b = (t[k].detach().requires_grad_() for k in ("x", "y", "b"))
+        K = (-Vi(x).sqdist(Vj(y)) * 20).exp()
+        a = (K * Vj(b)).sum(dim=1, ranges=ranges, backend=backend)
+        lse = (-Vi(x).sqdist(Vj(y)) * 20).logsumexp(dim=1, ranges=ranges, backend=backend)
+        grads = torch.autograd.grad((a ** 2).sum() + lse.sum(), [x, y, b])
+        return (a, lse, *grads)
+
+    return Case(name, dtype, inputs, lazy, grad=True, pairs=N * M)
+
+
 def cases(scale: float = 1.0) -> list[Case]:
     """The checked cases; ``scale`` multiplies the numbers of points."""
 
@@ -187,6 +236,8 @@ def cases(scale: float = 1.0) -> list[Case]:
         _batched_case("batched B=8 gauss", "float32", 8, n(5_000), n(5_000), 3),
         _grad_case("grad gauss+lse", "float32", n(20_000), n(20_000), 3),
         _grad_case("grad gauss+lse", "float64", n(10_000), n(10_000), 3),
+        _ranges_case("ranges gauss+lse, grads", "float32", n(100_000), n(100_000), 3),
+        _ranges_case("ranges gauss+lse, grads", "float64", n(50_000), n(50_000), 3),
     ]
 
 

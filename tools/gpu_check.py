@@ -3,12 +3,13 @@
 For a machine with an NVIDIA GPU, within ``--budget`` seconds (default 480), writing JSON
 (``--out``):
 
-1. the CUDA runtime tests on the GPU (``pytest -m cuda tests/test_cuda_runtime.py``: the
-   tests CI runs on the emulator, here on hardware);
+1. the CUDA runtime tests on the GPU (``pytest -m cuda tests/test_cuda_runtime.py
+   tests/test_cuda_ranges.py``: the tests CI runs on the emulator, here on hardware);
 2. every reduction of the registry on a random formula, float32 and float64, GPU against
    the CPU backend, and fixed cases of interest (Gaussian sums in D = 3, 64, argKmin in
-   D = 3 and 784, log-sum-exp, batches, split-j, gradients): max relative error (normwise;
-   indices through the values they attain), GPU and CPU times, dense torch on the GPU;
+   D = 3 and 784, log-sum-exp, batches, split-j, gradients, block-sparse ranges with
+   their gradients): max relative error (normwise; indices through the values they
+   attain), GPU and CPU times, dense torch on the GPU;
 3. Gaussian kernel D = 3 forward + backward (``(K @ b)`` and its gradients in x, y, b) for
    N = M = 10^4, 10^5, 10^6, against the same in dense torch (where it fits in memory).
 
@@ -94,9 +95,13 @@ def _error(case: Case, t_cpu: dict, got, want) -> float:
                 worst = max(worst, float((g != w).any()))
                 continue
             g, w = case.index_value(t_cpu, g), case.index_value(t_cpu, w)
-        if not torch.equal(g.isnan(), w.isnan()):
+        if not torch.equal(g.isnan(), w.isnan()) or not torch.equal(g.isinf(), w.isinf()) \
+                or not torch.equal(g[g.isinf()], w[w.isinf()]):
             return math.inf
-        g, w = g.nan_to_num(), w.nan_to_num()
+        finite = w.isfinite()
+        g, w = g[finite], w[finite]
+        if w.numel() == 0:
+            continue
         scale = max(float(w.abs().max()), 1e-30)
         worst = max(worst, float((g - w).abs().max()) / scale)
     return worst
@@ -174,7 +179,7 @@ def run_scaling(torch, n: int) -> Row:
 def run_tests(timeout: float) -> dict:
     """The CUDA runtime tests on this GPU (pytest -m cuda)."""
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda",
-           str(ROOT / "tests" / "test_cuda_runtime.py")]
+           *(str(ROOT / "tests" / f) for f in ("test_cuda_runtime.py", "test_cuda_ranges.py"))]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), *sys.path]))
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from .. import ir
 from ..render_c import VarSpec, render_formula, render_function
 from .chunks import ChunkPlan
-from .skeleton import CHUNK_BYTES, CHUNK_ROWS, THREADS, element_size, row_registers
+from .skeleton import CHUNK_BYTES, CHUNK_ROWS, THREADS, element_size, row_registers, tile_loop
 
 
 def chunk_smem(plan: ChunkPlan, dtype: str) -> tuple[int, int]:
@@ -29,7 +29,8 @@ def chunk_smem(plan: ChunkPlan, dtype: str) -> tuple[int, int]:
     return fixed, per_thread
 
 
-def chunked_kernel(plan: ChunkPlan, formula, specs, reduction, opts, dtype, name) -> str:
+def chunked_kernel(plan: ChunkPlan, formula, specs, reduction, opts, dtype, name,
+                   ranged: bool = False) -> str:
     C = CHUNK_BYTES // element_size(dtype)
     R = CHUNK_ROWS
     rest = plan.formula
@@ -56,6 +57,7 @@ def chunked_kernel(plan: ChunkPlan, formula, specs, reduction, opts, dtype, name
         else:
             call.append(f"k.base[{v.index}]")
     nl = "\n  "
+    loop_open, loop_close = tile_loop("R", ranged)
     return "\n".join(pieces) + f"""
 static const int R = {R};  // j-rows per register tile
 static const int C = {C};  // components per chunk of the vector dimension
@@ -65,15 +67,14 @@ extern "C" __global__ void __launch_bounds__({THREADS}, 1) {name}_reduce(const L
   const LtBlock k = lt_block(a, blockIdx.x, nt);
   const int tid = threadIdx.x;
   const int64_t i = k.i0 + tid;
-  const bool active = i < a.N;
+  const bool active = i < k.i1;
   {nl.join(decls)}
   if (active) {{
     {nl.join(loads)}
   }}
   Acc acc;
   acc.init();
-  for (int64_t j0 = k.jb; j0 < k.je; j0 += R) {{
-    const int nj = (int)((k.je - j0) < R ? (k.je - j0) : R);
+  {loop_open}
 {"".join(sums_code)}
     if (active) {{
 #pragma unroll
@@ -86,7 +87,7 @@ extern "C" __global__ void __launch_bounds__({THREADS}, 1) {name}_reduce(const L
       }}
       acc.flush();
     }}
-  }}
+  {loop_close}
   if (active) lt_finish(a, k, i, acc);
 }}
 """
@@ -105,7 +106,7 @@ def _sum_loop(n: int, s, C: int, R: int) -> str:
             f"        for (int e = tid; e < nt * C; e += nt) {{\n"
             f"          const int t = e / C, d = e % C;\n"
             f"          const int64_t row = k.i0 + t;\n"
-            f"          xs[d * (nt + 1) + t] = (row < a.N && c0 + d < {s.dim}) ? "
+            f"          xs[d * (nt + 1) + t] = (row < k.i1 && c0 + d < {s.dim}) ? "
             f"k.base[{v.index}][row * {s.dim} + c0 + d] : (T)0;\n"
             f"        }} }}")
     for q, v in enumerate(j_leaves):

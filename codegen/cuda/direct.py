@@ -8,10 +8,10 @@ accumulator takes the tile through ``Acc::tile`` (see :mod:`.accumulators`).
 from __future__ import annotations
 
 from ..render_c import render_formula
-from .skeleton import THREADS, min_blocks, row_registers, tile_rows
+from .skeleton import THREADS, min_blocks, row_registers, tile_loop, tile_rows
 
 
-def direct_kernel(formula, specs, reduction, opts, dtype, name) -> str:
+def direct_kernel(formula, specs, reduction, opts, dtype, name, ranged: bool = False) -> str:
     tj = tile_rows(specs, dtype)
     staged = tj > 0
     tjc = tj if staged else 256
@@ -37,6 +37,7 @@ def direct_kernel(formula, specs, reduction, opts, dtype, name) -> str:
     nl = "\n    "
     formula_code = render_formula(formula, list(specs), dtype)
     minb = min_blocks(formula, opts, dtype)
+    loop_open, loop_close = tile_loop("TJC", ranged)
     return f"""{formula_code}
 static const int TJC = {tjc};  // j-rows per tile
 
@@ -45,20 +46,19 @@ extern "C" __global__ void __launch_bounds__({THREADS}, {minb}) {name}_reduce(co
   (void)tile;
   const LtBlock k = lt_block(a, blockIdx.x, blockDim.x);
   const int64_t i = k.i0 + threadIdx.x;
-  const bool active = i < a.N;
+  const bool active = i < k.i1;
   {nl.join(decls)}
   if (active) {{
     {nl.join(loads)}
   }}
   Acc acc;
   acc.init();
-  for (int64_t j0 = k.jb; j0 < k.je; j0 += TJC) {{
-    const int nj = (int)((k.je - j0) < TJC ? (k.je - j0) : TJC);
+  {loop_open}
     {"__syncthreads();  // the previous tile is read" if staged else ""}
     {nl.join(copies)}
     {"__syncthreads();" if staged else ""}
     if (active) acc.tile([&](int jj, T* o) {{ lt_formula({", ".join(call)}, o); }}, nj, j0);
-  }}
+  {loop_close}
   if (active) lt_finish(a, k, i, acc);
 }}
 """

@@ -23,9 +23,19 @@ One ``.cu`` per kernel holds, in ``namespace <name>``, the per-pair formula
 ``LtArgs`` is passed by value (one kernel parameter, all fields 8 bytes wide, laid out by
 :func:`args_fields`): ``vars`` (device pointers, canonical contiguous layout), ``outs``,
 ``part``, ``vbs[v * MAX_BATCH_DIMS + k]`` (element stride of variable v along batch dim k,
-0 where broadcast), ``bshape``, then N, M, B, nbd, nJC, JC. The global ``<name>_acc`` has
-the size of ``Acc``. :func:`kernel_layout` tells the runtime the block size limit and the
-dynamic shared memory, as a function of the block size.
+0 where broadcast), ``bshape``, then N, M, B, nbd, nJC, JC, then ``pieces``, ``ivs``
+(device pointers) and ``npieces``, read by block-sparse kernels only. The global
+``<name>_acc`` has the size of ``Acc``.
+
+Block-sparse kernels (``ranged``, see :mod:`lazytensor.ranges`) run one launch of the 1D
+scheme over the pieces: block ``bid`` runs piece ``bid % npieces`` of batch element ``bid /
+npieces``; a piece is four int64 ``(i0, i1, s0, s1)``: rows ``[i0, i1)`` (at most a block's
+rows) reduce over the intervals ``ivs[2s] <= j < ivs[2s + 1]``, s in ``[s0, s1)``, in that
+order, each walked in tiles as in the full product. A piece without intervals writes the
+value of an empty reduction.
+
+:func:`kernel_layout` tells the runtime the block size limit and the dynamic shared
+memory, as a function of the block size.
 
 >>> from lazytensor.codegen import ir, ops
 >>> from lazytensor.codegen.render_c import VarSpec
@@ -104,8 +114,10 @@ def _acc_dtype(reduction: str, opts: dict, dtype: str) -> str:
 
 
 def render_cuda_kernel(formula, var_specs, reduction: str, opts: dict, dtype: str,
-                       name: str = "lt") -> str:
-    """Complete CUDA source of ``<name>_reduce`` and ``<name>merge_code`` (module docstring).
+                       name: str = "lt", ranged: bool = False) -> str:
+    """Complete CUDA source of ``<name>_reduce`` and ``<name>_merge`` (module docstring);
+    ``ranged``: the block-sparse variant (block ``blockIdx.x`` runs one piece, the module
+    docstring says how).
 
     Sources rendered with distinct names can be concatenated into one ``.cu``.
     """
@@ -116,15 +128,18 @@ def render_cuda_kernel(formula, var_specs, reduction: str, opts: dict, dtype: st
     lin = _wide_plan(formula, reduction, opts) if plan is None else None
     shared = (_prelude(dtype, _acc_dtype(reduction, opts, dtype))
               + acc_code(reduction, formula.dim, opts) + "\n")
-    common = common_code(name, nvp, n_outs)
+    common = common_code(name, nvp, n_outs, ranged)
     if plan is not None:
-        body = chunked_kernel(plan, formula, specs, reduction, opts, dtype, name) + merge_code(name)
+        body = (chunked_kernel(plan, formula, specs, reduction, opts, dtype, name, ranged)
+                + merge_code(name))
     elif lin is not None:
-        body = (wide_kernel(lin, formula, specs, opts, dtype, name) if reduction == "sum" else
-                wide_softmax_kernel(lin, formula, specs, reduction, dtype, name))
+        body = (wide_kernel(lin, formula, specs, opts, dtype, name, ranged)
+                if reduction == "sum" else
+                wide_softmax_kernel(lin, formula, specs, reduction, dtype, name, ranged))
     else:
-        body = direct_kernel(formula, specs, reduction, opts, dtype, name) + merge_code(name)
-    return (f"{HEADER}// kernel {name}: {reduction}, {dtype}\nnamespace {name} {{\n"
+        body = direct_kernel(formula, specs, reduction, opts, dtype, name, ranged) + merge_code(name)
+    variant = ", block-sparse" if ranged else ""
+    return (f"{HEADER}// kernel {name}: {reduction}, {dtype}{variant}\nnamespace {name} {{\n"
             f"{shared}{common}{body}}}  // namespace {name}\n")
 
 

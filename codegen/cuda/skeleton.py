@@ -26,7 +26,7 @@ def args_fields(n_vars: int, n_outs: int) -> list[tuple[str, int]]:
     nv = max(1, n_vars)
     return [("vars", nv), ("outs", n_outs), ("part", 1), ("vbs", nv * MAX_BATCH_DIMS),
             ("bshape", MAX_BATCH_DIMS), ("N", 1), ("M", 1), ("B", 1), ("nbd", 1),
-            ("nJC", 1), ("JC", 1)]
+            ("nJC", 1), ("JC", 1), ("pieces", 1), ("ivs", 1), ("npieces", 1)]
 
 
 def element_size(dtype: str) -> int:
@@ -55,10 +55,31 @@ def min_blocks(formula, opts: dict, dtype: str) -> int:
     return 1
 
 
-def common_code(name: str, nvp: int, n_outs: int) -> str:
+def common_code(name: str, nvp: int, n_outs: int, ranged: bool = False) -> str:
+    """``LtArgs``, ``LtBlock`` and its decode ``lt_block``, ``lt_interval``, ``lt_finish``
+    (``ranged``: the block-sparse variant, a block of threads per piece)."""
     words = sum(n for _, n in args_fields(nvp, n_outs))
     offsets = "\n".join(
         f"      off[{v}] += idx * a.vbs[{v} * MAX_BD + d];" for v in range(nvp))
+    if ranged:
+        decode = """  const int64_t* p = a.pieces + 4 * (bid % a.npieces);
+  int64_t q = bid / a.npieces;
+  k.b = q;
+  k.i0 = p[0]; k.i1 = p[1];
+  k.iv = a.ivs + 2 * p[2]; k.niv = p[3] - p[2];
+  k.jc = 0; k.jb = 0; k.je = 0;
+  (void)rows;"""
+    else:
+        decode = """  const int64_t nIB = (a.N + rows - 1) / rows;
+  k.jc = bid % a.nJC;
+  int64_t q = bid / a.nJC;
+  k.i0 = (q % nIB) * rows;
+  k.i1 = (k.i0 + rows < a.N) ? k.i0 + rows : a.N;
+  k.b = q / nIB;
+  k.jb = k.jc * a.JC;
+  k.je = (k.jb + a.JC < a.M) ? k.jb + a.JC : a.M;
+  k.iv = 0; k.niv = 1;
+  q = k.b;"""
     return f"""
 // ------------------------------------------------------------------ CUDA skeleton
 static const int MAX_BD = {MAX_BATCH_DIMS};
@@ -72,28 +93,26 @@ struct LtArgs {{
   int64_t vbs[NVP * MAX_BD];
   int64_t bshape[MAX_BD];
   int64_t N, M, B, nbd, nJC, JC;
+  const int64_t* pieces;  // block-sparse kernels: (i0, i1, s0, s1) per piece
+  const int64_t* ivs;  // their intervals [start, end) of j
+  int64_t npieces;
 }};
 static_assert(sizeof(LtArgs) == {words} * 8, "LtArgs layout");
 
-// What one block works on: batch b, rows [i0, i0 + rows), columns [jb, je).
+// What one block works on: batch b, rows [i0, i1), columns [jb, je) (full product) or
+// the niv intervals at iv (block-sparse).
 struct LtBlock {{
-  int64_t b, i0, jb, je, jc;
+  int64_t b, i0, i1, jb, je, jc, niv;
+  const int64_t* iv;
   const T* base[NVP];
 }};
 
 __device__ __forceinline__ LtBlock lt_block(const LtArgs& a, int64_t bid, int64_t rows) {{
   LtBlock k;
-  const int64_t nIB = (a.N + rows - 1) / rows;
-  k.jc = bid % a.nJC;
-  int64_t q = bid / a.nJC;
-  k.i0 = (q % nIB) * rows;
-  k.b = q / nIB;
-  k.jb = k.jc * a.JC;
-  k.je = (k.jb + a.JC < a.M) ? k.jb + a.JC : a.M;
+{decode}
   int64_t off[NVP];
 #pragma unroll
   for (int v = 0; v < NVP; ++v) off[v] = 0;
-  q = k.b;
 #pragma unroll
   for (int d = MAX_BD - 1; d >= 0; --d) {{
     if (d < a.nbd) {{
@@ -107,6 +126,13 @@ __device__ __forceinline__ LtBlock lt_block(const LtArgs& a, int64_t bid, int64_
   return k;
 }}
 
+// The s-th range of columns of block k: [jb, je).
+__device__ __forceinline__ void lt_interval(const LtBlock& k, int64_t s, int64_t& jb,
+                                            int64_t& je) {{
+  if (k.iv) {{ jb = k.iv[2 * s]; je = k.iv[2 * s + 1]; }}
+  else {{ jb = k.jb; je = k.je; }}
+}}
+
 __device__ __forceinline__ void lt_finish(const LtArgs& a, const LtBlock& k, int64_t i,
                                           const Acc& acc) {{
   const int64_t row = k.b * a.N + i;
@@ -116,6 +142,24 @@ __device__ __forceinline__ void lt_finish(const LtArgs& a, const LtBlock& k, int
 
 extern "C" {{ __device__ Acc {name}_acc; }}  // sizeof(Acc), read by the runtime
 """
+
+
+def tile_loop(step: str, ranged: bool) -> tuple[str, str]:
+    """The opening and closing text of a kernel's loop over its tiles of j: ``j0`` the
+    first column, ``nj`` (at most ``step``) the columns of the tile. Block-sparse kernels
+    walk their block's intervals in order, each in tiles; the bounds are the same for
+    every thread of a block, so the loop body may hold barriers.
+
+    >>> opening, closing = tile_loop("TJC", ranged=True)
+    >>> "lt_interval(k, si, jb, je)" in opening, closing
+    (True, '}}')
+    """
+    tile = (f"for (int64_t j0 = jb; j0 < je; j0 += {step}) {{\n"
+            f"    const int nj = (int)((je - j0) < {step} ? (je - j0) : {step});")
+    if not ranged:
+        return "const int64_t jb = k.jb, je = k.je;\n  " + tile, "}"
+    return ("for (int64_t si = 0; si < k.niv; ++si) {\n  int64_t jb, je;\n"
+            "  lt_interval(k, si, jb, je);\n  " + tile), "}}"
 
 
 def merge_code(name: str) -> str:
@@ -153,4 +197,4 @@ def row_registers(specs, only=None) -> tuple[list, list, dict]:
 
 __all__ = ["CHUNK_BYTES", "CHUNK_ROWS", "HEADER", "LOCAL_DIM", "MAX_BATCH_DIMS", "THREADS",
            "WIDE_SLICE", "args_fields", "common_code", "element_size", "merge_code",
-           "min_blocks", "row_registers", "tile_rows"]
+           "min_blocks", "row_registers", "tile_loop", "tile_rows"]

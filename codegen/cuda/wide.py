@@ -12,7 +12,7 @@ with a wide weight work the same way, each thread of a row also keeping the row'
 from __future__ import annotations
 
 from ..render_c import render_formula
-from .skeleton import THREADS, WIDE_SLICE, row_registers, tile_rows
+from .skeleton import THREADS, WIDE_SLICE, row_registers, tile_loop, tile_rows
 
 
 def wide_group(F: int) -> int:
@@ -67,8 +67,9 @@ def _staging(lin, specs, dtype):
 
 
 def _frame(name, st, narrow_dim, G, EC, C0, state, pair, flush, finish, merge, dtype,
-           narrow_code) -> str:
+           narrow_code, ranged) -> str:
     nl = "\n    "
+    loop_open, loop_close = tile_loop("TJC", ranged)
     terms = "\n          ".join(st["terms"])
     return f"""{narrow_code}
 static const int TJC = {st["tjc"]};  // j-rows per tile
@@ -82,14 +83,13 @@ extern "C" __global__ void __launch_bounds__({THREADS}, 1) {name}_reduce(const L
   const LtBlock k = lt_block(a, blockIdx.x, blockDim.x / G);
   const int lo = (threadIdx.x % G) * EC;  // this thread's first component (after C0)
   const int64_t i = k.i0 + threadIdx.x / G;
-  const bool active = i < a.N;
+  const bool active = i < k.i1;
   {nl.join(st["decls"])}
   if (active) {{
     {nl.join(st["loads"])}
   }}
   {state}
-  for (int64_t j0 = k.jb; j0 < k.je; j0 += TJC) {{
-    const int nj = (int)((k.je - j0) < TJC ? (k.je - j0) : TJC);
+  {loop_open}
     {"__syncthreads();  // the previous tile is read" if st["staged"] else ""}
     {nl.join(st["copies"])}
     {"__syncthreads();" if st["staged"] else ""}
@@ -106,7 +106,7 @@ extern "C" __global__ void __launch_bounds__({THREADS}, 1) {name}_reduce(const L
       }}
       {flush}
     }}
-  }}
+  {loop_close}
   if (!active) return;
   const int64_t row = k.b * a.N + i;
   {finish}
@@ -114,7 +114,7 @@ extern "C" __global__ void __launch_bounds__({THREADS}, 1) {name}_reduce(const L
 {merge}"""
 
 
-def wide_kernel(lin, formula, specs, opts, dtype, name) -> str:
+def wide_kernel(lin, formula, specs, opts, dtype, name, ranged: bool = False) -> str:
     """``Σ_j F_ij`` with F wide (``K @ V``): each thread sums its slice of components,
     a float partial per tile added to the TA totals once per tile."""
     F = formula.dim
@@ -147,10 +147,11 @@ extern "C" __global__ void __launch_bounds__({THREADS}, 1) {name}_merge(const Lt
 """
     narrow_code = render_formula(lin.narrow, list(specs), dtype)
     return _frame(name, st, lin.narrow.dim, G, EC, 0, state, "", flush, finish, merge, dtype,
-                  narrow_code)
+                  narrow_code, ranged)
 
 
-def wide_softmax_kernel(lin, formula, specs, reduction, dtype, name) -> str:
+def wide_softmax_kernel(lin, formula, specs, reduction, dtype, name,
+                        ranged: bool = False) -> str:
     """Softmax-weighted sums (attention) and weighted log-sum-exps with a wide weight: the
     threads of a row all follow the row's max and ``Σ exp(f - max)`` (the same arithmetic,
     so the same values), each its slice of the weighted sums; one exp per pair."""
@@ -232,7 +233,7 @@ extern "C" __global__ void __launch_bounds__({THREADS}, 1) {name}_merge(const Lt
 """
     narrow_code = render_formula(lin.narrow, list(specs), dtype)
     return _frame(name, st, lin.narrow.dim, G, EC, 1, state, pair, flush, finish, merge, dtype,
-                  narrow_code)
+                  narrow_code, ranged)
 
 
 __all__ = ["wide_group", "wide_kernel", "wide_softmax_kernel"]

@@ -139,6 +139,23 @@ def _load(spec: KernelSpec, index: int) -> CudaKernel:
     return CudaKernel(spec, index, image, layout)
 
 
+def render_source(spec: KernelSpec) -> str:
+    """The ``.cu`` source of ``spec`` (its block-sparse variant when ``spec.ranged``).
+
+    >>> from lazytensor.codegen import ir, ops
+    >>> from lazytensor.codegen.render_c import VarSpec
+    >>> f = ops.apply("mul", ir.var(0, 1, "i"), ir.var(1, 1, "j"))
+    >>> spec = KernelSpec(f, (VarSpec(0, 1, "i"), VarSpec(1, 1, "j")), "sum", (), "float32",
+    ...                   ranged=True)
+    >>> "lt_interval(k, si, jb, je)" in render_source(spec)
+    True
+    """
+    from ..codegen.cuda.render import render_cuda_kernel
+
+    return render_cuda_kernel(spec.formula, list(spec.var_specs), spec.reduction,
+                              spec.opts_dict, spec.dtype, name=KERNEL_NAME, ranged=spec.ranged)
+
+
 def cubin(spec: KernelSpec, arch: str) -> tuple[bytes, dict]:
     """(cubin bytes, launch layout) of ``spec`` for ``arch``, through the kernel cache."""
     from ..codegen.compilers import CompilerNotFound
@@ -152,12 +169,9 @@ def cubin(spec: KernelSpec, arch: str) -> tuple[bytes, dict]:
                               "the CUDA toolkit, or move the inputs to the CPU with .cpu()") from e
     layout = kernel_layout(spec.formula, list(spec.var_specs), spec.reduction, spec.opts_dict,
                            spec.dtype)
-    from ..codegen.cuda.render import render_cuda_kernel
-
     backend = Backend(
         "cuda", "kernel.cubin", identity,
-        render=lambda spec: render_cuda_kernel(spec.formula, list(spec.var_specs), spec.reduction,
-                                               spec.opts_dict, spec.dtype, name=KERNEL_NAME),
+        render=render_source,
         compile=lambda source, tmpdir, what: nvcc.compile_cuda(
             source, tmpdir, arch, "kernel", what=describe(spec), fast_math=fast_math(spec)),
         meta={"arch": arch, "layout": layout}, label="CUDA kernel", detail=f" for {arch}")
@@ -165,4 +179,4 @@ def cubin(spec: KernelSpec, arch: str) -> tuple[bytes, dict]:
 
 
 __all__ = ["CudaKernel", "CudaKernelError", "cubin", "describe", "get_cuda_kernel",
-           "occupancy_threads"]
+           "occupancy_threads", "render_source"]

@@ -5,7 +5,9 @@
 :mod:`lazytensor.cuda.streams`); :func:`launch_numpy` on NumPy arrays, copied to the GPU
 and back through pycuda (as ``pykeops.numpy`` does on a GPU). Both pick the scheme: one
 thread per row (1D) when there are enough rows to fill the device, else the split-j
-scheme (partial accumulators in a scratch buffer, then the merge kernel). See
+scheme (partial accumulators in a scratch buffer, then the merge kernel). Block-sparse
+calls (``ranges``) launch the call's block-sparse kernel once, one block per piece of a
+block of rows and batch element (:func:`ranges_plan`). See
 :mod:`lazytensor.codegen.cuda.render` for the kernels and their ABI.
 """
 
@@ -70,6 +72,32 @@ def plan_launch(N: int, M: int, B: int, sm_count: int, threads: int, tile: int,
     return LaunchPlan(threads, nJC, JC, grid, merge_grid, part_bytes)
 
 
+def ranges_plan(kernel, n_pieces: int, B: int) -> LaunchPlan:
+    """The grid of a block-sparse call: the 1D scheme, one block per piece and batch
+    element (``n_pieces`` pieces of at most :func:`piece_rows` rows).
+
+    >>> class K: threads = 256
+    >>> ranges_plan(K, 10, 3).grid
+    30
+    """
+    grid = B * n_pieces
+    if grid > _MAX_GRID:
+        raise ValueError(f"too many blocks of rows for one CUDA launch ({B} x {n_pieces})")
+    return LaunchPlan(kernel.threads, 1, 0, grid, 0, 0)
+
+
+def piece_rows(kernel) -> int:
+    """Rows per block of ``kernel`` (``group`` threads share a row in wide sums): the
+    most rows a piece of a block-sparse call may have.
+
+    >>> class K: threads, layout = 256, {"group": 4}
+    >>> piece_rows(K)
+    64
+    """
+    layout = getattr(kernel, "layout", {})
+    return max(1, kernel.threads // int(layout.get("group", 1)))
+
+
 def batch_layout(shapes: list, cats: list, batch: tuple) -> tuple[list, list]:
     """``(bshape, vbs)`` for variables of canonical contiguous ``shapes``.
 
@@ -114,9 +142,12 @@ def batch_layout(shapes: list, cats: list, batch: tuple) -> tuple[list, list]:
 
 
 def pack_args(n_vars: int, n_outs: int, var_ptrs: list, out_ptrs: list, part_ptr: int,
-              bshape: list, vbs: list, N: int, M: int, nJC: int, JC: int) -> list:
+              bshape: list, vbs: list, N: int, M: int, nJC: int, JC: int,
+              pieces: tuple = (0, 0, 0)) -> list:
     """The words of ``LtArgs`` (one unsigned 64-bit word per field element, in
-    ``args_fields`` order): the arguments of the prepared call (format ``"Q" * n``)."""
+    ``args_fields`` order): the arguments of the prepared call (format ``"Q" * n``).
+    ``pieces``: (pieces pointer, intervals pointer, number of pieces) of a block-sparse
+    call (:func:`ranges_plan`)."""
     B = 1
     for s in bshape:
         B *= s
@@ -132,6 +163,7 @@ def pack_args(n_vars: int, n_outs: int, var_ptrs: list, out_ptrs: list, part_ptr
         "vbs": flat_vbs,
         "bshape": list(bshape) + [1] * (MAX_BATCH_DIMS - len(bshape)),
         "N": [N], "M": [M], "B": [B], "nbd": [len(bshape)], "nJC": [nJC], "JC": [JC],
+        "pieces": [pieces[0]], "ivs": [pieces[1]], "npieces": [pieces[2]],
     }
     words = []
     for name, count in args_fields(n_vars, n_outs):
@@ -154,56 +186,73 @@ def _plan_and_layout(kernel, shapes, cats, batch, N, M):
     plan = plan_launch(N, M, B, kernel.sm_count, kernel.threads, kernel.tile, kernel.acc_bytes,
                        int(kernel.layout.get("group", 1)),
                        int(kernel.layout.get("merge_per_row", 1)))
-    return bshape, vbs, plan
+    return bshape, vbs, B, plan
 
 
 def _run(kernel, plan, words, stream) -> None:
     fns = kernel.functions
-    fns["reduce"].prepared_async_call((plan.grid, 1, 1), (plan.threads, 1, 1), stream, *words,
-                                      shared_size=kernel.smem)
+    if plan.grid > 0:
+        fns["reduce"].prepared_async_call((plan.grid, 1, 1), (plan.threads, 1, 1), stream,
+                                          *words, shared_size=kernel.smem)
     if plan.nJC > 1:
         fns["merge"].prepared_async_call((plan.merge_grid, 1, 1), (plan.threads, 1, 1), stream,
                                          *words)
 
 
 def launch_cuda(kernel, arrays: list, cats: list, batch: tuple, N: int, M: int,
-                outs: list) -> None:
-    """Run ``kernel`` on contiguous torch CUDA tensors (canonical layout) into ``outs``."""
+                outs: list, ranges=None) -> None:
+    """Run ``kernel`` on contiguous torch CUDA tensors (canonical layout) into ``outs``;
+    ``ranges``: a :class:`lazytensor.ranges.BlockRanges` (``kernel`` is then the call's
+    block-sparse kernel), its pieces and intervals kept on the device between calls."""
     import torch
 
-    bshape, vbs, plan = _plan_and_layout(kernel, [a.shape for a in arrays], cats, batch, N, M)
-    part = None
-    if plan.nJC > 1:
+    bshape, vbs, B, plan = _plan_and_layout(kernel, [a.shape for a in arrays], cats, batch,
+                                            N, M)
+    part, pieces = None, (0, 0, 0)
+    if ranges is not None:
+        on_device, intervals = ranges.on(str(outs[0].device), piece_rows(kernel))
+        plan = ranges_plan(kernel, on_device.shape[0], B)
+        pieces = (on_device.data_ptr(), intervals.data_ptr(), on_device.shape[0])
+    elif plan.nJC > 1:
         # from torch's allocator, on torch's current stream: it waits for our stream
         # after the launches, so reusing the buffer there is ordered after them
         part = torch.empty(plan.part_bytes, dtype=torch.uint8, device=outs[0].device)
     words = pack_args(kernel.n_vars, kernel.n_outs, [a.data_ptr() for a in arrays],
                       [o.data_ptr() for o in outs], part.data_ptr() if part is not None else 0,
-                      bshape, vbs, N, M, plan.nJC, plan.JC)
+                      bshape, vbs, N, M, plan.nJC, plan.JC, pieces)
     with streams.launch_scope(kernel.device, kernel.description) as stream:
         _run(kernel, plan, words, stream)
 
 
 def launch_numpy(kernel, arrays: list, cats: list, batch: tuple, N: int, M: int,
-                 outs: list) -> None:
-    """Run ``kernel`` on NumPy arrays: copied to the GPU, results copied back into ``outs``."""
+                 outs: list, ranges=None) -> None:
+    """Run ``kernel`` on NumPy arrays: copied to the GPU, results copied back into ``outs``
+    (``ranges``: as for :func:`launch_cuda`, the pieces copied with the arrays)."""
     drv = driver.pycuda_driver()
-    bshape, vbs, plan = _plan_and_layout(kernel, [a.shape for a in arrays], cats, batch, N, M)
+    bshape, vbs, B, plan = _plan_and_layout(kernel, [a.shape for a in arrays], cats, batch,
+                                            N, M)
+    tables = []
+    if ranges is not None:
+        tables = [ranges.pieces(piece_rows(kernel)), ranges.intervals]
+        plan = ranges_plan(kernel, tables[0].shape[0], B)
     with driver.in_context(kernel.device):
         inputs = [drv.to_device(np.ascontiguousarray(a)) for a in arrays]
         results = [drv.mem_alloc(max(o.nbytes, 1)) for o in outs]
         part = drv.mem_alloc(plan.part_bytes) if plan.nJC > 1 else None
+        # an empty table still gets a (1-byte) buffer: a valid pointer, never read
+        tables = [drv.to_device(t) if t.size else drv.mem_alloc(1) for t in tables]
+        pieces = (int(tables[0]), int(tables[1]), plan.grid // max(B, 1)) if tables else (0, 0, 0)
         words = pack_args(kernel.n_vars, kernel.n_outs, [int(a) for a in inputs],
                           [int(r) for r in results], int(part) if part is not None else 0,
-                          bshape, vbs, N, M, plan.nJC, plan.JC)
+                          bshape, vbs, N, M, plan.nJC, plan.JC, pieces)
     with streams.launch_scope(kernel.device, kernel.description, torch_stream=False) as stream:
         _run(kernel, plan, words, stream)
         for o, r in zip(outs, results):
             drv.memcpy_dtoh(o, r)  # on the null stream: after the kernels
     with driver.in_context(kernel.device):
-        for buf in inputs + results + ([part] if part is not None else []):
+        for buf in inputs + results + tables + ([part] if part is not None else []):
             buf.free()
 
 
 __all__ = ["LaunchPlan", "batch_layout", "launch_cuda", "launch_numpy", "pack_args",
-           "plan_launch"]
+           "piece_rows", "plan_launch", "ranges_plan"]

@@ -63,8 +63,6 @@ class EmulatedGpu(Gpu):
         self.api = FakeTorchCuda(self.emu.lib)
 
     def install(self, monkeypatch) -> None:
-        from lazytensor.codegen.cuda.render import render_cuda_kernel
-
         from lazytensor import engine
         from lazytensor.cuda import kernels, streams
 
@@ -90,9 +88,7 @@ class EmulatedGpu(Gpu):
 
         def cubin_with_twin(spec, arch):
             image, layout = cubin(spec, arch)
-            emu.register(image, lambda: render_cuda_kernel(
-                spec.formula, list(spec.var_specs), spec.reduction, spec.opts_dict,
-                spec.dtype, name=kernels.KERNEL_NAME))
+            emu.register(image, lambda: kernels.render_source(spec))
             return image, layout
 
         monkeypatch.setattr(kernels, "cubin", cubin_with_twin)
