@@ -102,7 +102,38 @@ def _param_text(p) -> str:
 
 def make(op: str, args: Iterable[Node] = (), params: Iterable = (), dim: int = 1) -> Node:
     """Return the unique node with this structure (creating it if needed)."""
-    args = tuple(args)
+    return interner.node(op, tuple(args), params, dim)
+
+
+class Interner:
+    """The table of nodes and the rewrites of whole formulas, behind methods that a tracer
+    running the construction of formulas (torch dynamo, :mod:`lazytensor.torch_library`)
+    calls as they are (the table's lock and hashing, walks keyed by ``id``) rather than
+    tracing through them."""
+
+    def node(self, op: str, args: tuple, params, dim: int) -> Node:
+        return _intern(op, args, params, dim)
+
+    def var(self, index: int, dim: int, cat: str) -> Node:
+        return _var(index, dim, cat)
+
+    def substitute(self, root: Node, pairs: tuple) -> Node:
+        return _substitute(root, dict(pairs))
+
+    def swap_ij(self, root: Node) -> Node:
+        return _swap_ij(root)
+
+    def __eq__(self, other) -> bool:
+        return self is other
+
+    def __hash__(self) -> int:
+        return id(self)
+
+
+interner = Interner()
+
+
+def _intern(op: str, args: tuple, params, dim: int) -> Node:
     params = _canon_param(tuple(params)) if params else ()
     dim = int(dim)
     if dim < 1:
@@ -133,6 +164,10 @@ _vars: dict = {}
 
 def var(index: int, dim: int, cat: str) -> Node:
     """A variable: ``cat`` is ``"i"`` (indexed by i), ``"j"`` (by j) or ``"p"`` (parameter)."""
+    return interner.var(index, dim, cat)
+
+
+def _var(index: int, dim: int, cat: str) -> Node:
     key = (index, dim, cat)
     node = _vars.get(key) if type(index) is int and type(dim) is int else None
     if node is not None:
@@ -199,6 +234,10 @@ def rebuild(root: Node, fn) -> Node:
 
 def substitute(root: Node, mapping: dict[Node, Node]) -> Node:
     """Replace nodes (typically variables) by other nodes of the same dimension."""
+    return interner.substitute(root, tuple(mapping.items()))
+
+
+def _substitute(root: Node, mapping: dict[Node, Node]) -> Node:
 
     def fn(node, new_args):
         if node in mapping:
@@ -220,6 +259,10 @@ def swap_cat(cat: str) -> str:
 
 def swap_ij(root: Node) -> Node:
     """The same formula with the roles of i and j exchanged (reduction over i)."""
+    return interner.swap_ij(root)
+
+
+def _swap_ij(root: Node) -> Node:
     mapping = {v: var(v.index, v.dim, _SWAPPED[v.cat]) for v in variables(root)}
     return substitute(root, mapping)
 

@@ -190,9 +190,11 @@ def _shifted(call: ReductionCall, formula: ir.Node, dims: list, slot: int) -> tu
                                                        "max_sumshiftexp", ()))
 
 
-def reduction_vjp(call, inputs, outs, grads, needs, ranges=None) -> list:
+def reduction_vjp(call, inputs, outs, grads, needs, ranges=None, apply=None) -> list:
     """Gradients of ``call``'s inputs for the output cotangents ``grads`` (``ranges``: the
-    forward's block-sparse pattern; the j-side sum runs on its transpose)."""
+    forward's block-sparse pattern; the j-side sum runs on its transpose). ``apply(call,
+    ranges, *tensors)`` runs the gradient reductions (default ``KernelReduction.apply``;
+    :mod:`lazytensor.torch_library` passes its op)."""
     red = reductions.get(call.reduction)
     if not any(needs):
         return [None] * len(inputs)
@@ -211,7 +213,9 @@ def reduction_vjp(call, inputs, outs, grads, needs, ranges=None) -> list:
     args = [*inputs, *outs[: red.vjp_saves], g]
     result = [None] * len(inputs)
     totals = None
-    if len(plan.sides) == 2 and twosided.applies(call, args, ranges):
+    # the two-sided kernel and NumPy row terms run real CPU arrays: not under the custom op
+    # (torch.compile, export, fake and meta tensors), whose runner is ``apply``
+    if apply is None and len(plan.sides) == 2 and twosided.applies(call, args, ranges):
         totals = twosided.two_sided_totals(call, plan, args)  # both sides in one kernel
     for n, side in enumerate(plan.sides):
         side_ranges = ranges
@@ -221,11 +225,14 @@ def reduction_vjp(call, inputs, outs, grads, needs, ranges=None) -> list:
         if side.shift is not None:
             # the row pass (max, Σ exp) runs over the forward's pairs: its ranges as given
             slot, ms_call = side.shift
-            m, s = execute(ms_call, [a.detach() for a in inputs], ranges)[0].split(1, dim=-1)
+            detached = [a.detach() for a in inputs]
+            ms = execute(ms_call, detached, ranges) if apply is None else \
+                apply(ms_call, ranges, *detached)
+            m, s = ms[0].split(1, dim=-1)
             lse = args[slot]  # log s's value, lse's derivative (m is a constant shift)
             logs = torch.log(s) + (lse - lse.detach())
             side_args = [*args[:slot], torch.cat([m, logs], dim=-1), *args[slot + 1:]]
-        total = totals[n] if totals else _side_sum(side, side_args, side_ranges)
+        total = totals[n] if totals else _side_sum(side, side_args, side_ranges, apply)
         if side.normalized:  # Σ_j e C / Σ_j e; no term at all (M = 0): the plain sum, 0
             weights = total[..., -1:]
             total = total[..., :-1] / torch.where(weights == 0, torch.ones_like(weights), weights)
@@ -240,22 +247,26 @@ def reduction_vjp(call, inputs, outs, grads, needs, ranges=None) -> list:
     return result
 
 
-def _side_sum(side: SideGradient, args: list, ranges=None):
+def _side_sum(side: SideGradient, args: list, ranges=None, apply=None):
     """``Σ`` of the side's cotangent formula: the hoisted values in torch, the kernel, then
-    the row terms ``s(i, j) L(i)`` multiplied by ``L(i)`` after the sum."""
+    the row terms ``s(i, j) L(i)`` multiplied by ``L(i)`` after the sum. ``apply`` runs
+    the reduction (default: :class:`KernelReduction`, with the row terms in NumPy when no
+    graph is built)."""
     call, plan = side.call, side.plan
+    plain = apply is None
+    apply = apply or KernelReduction.apply
     if plan is None:
-        return KernelReduction.apply(call, ranges, *args)[0]
+        return apply(call, ranges, *args)[0]
     args = list(args)
     xp = torch_namespace()
     if plan.hoisted:
         arrays = {k: a for k, (a, cat) in enumerate(zip(args, call.cats)) if cat == "j"}
         args += [evaluate(node, arrays, xp) for node in plan.hoisted]
-    (G,) = KernelReduction.apply(call, ranges, *args)
+    (G,) = apply(call, ranges, *args)
     split = plan.split
     if split is None:
         return G
-    if _plain_backward(G, args):
+    if plain and _plain_backward(G, args):
         return add_row_terms(split, G, args, call.cats)
     out = G[..., : split.dim]
     arrays = {}

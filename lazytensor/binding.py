@@ -122,7 +122,7 @@ def bind(variables: list[Variable]) -> Signature:
         raise ValueError(f"variables on different devices: {desc}")
     device = devices.pop() if devices else "cpu"
 
-    nbd = max((len(v.batch) for _, v in arrays), default=0)
+    nbd = max([0, *(len(v.batch) for _, v in arrays)])
     batch = []
     for axis in range(nbd):
         size = 1

@@ -22,6 +22,7 @@ inputs; the ranges are data of the run. :func:`clear_plans` empties it.
 
 from __future__ import annotations
 
+import importlib
 import sys
 import threading
 import warnings
@@ -51,6 +52,8 @@ def _resolve_backend(backend: str, device: str, library: str = "torch") -> str:
         raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
     if backend == "gpu":
         backend = "cuda"
+    if device == "meta":  # shapes only (lazytensor.torch_library): planned as on the CPU
+        return "numpy" if backend == "numpy" else "cpu"
     if device != "cpu":
         if backend == "cpu":
             raise ValueError(f"backend='cpu' got tensors on {device}; move them with .cpu()")
@@ -110,8 +113,9 @@ def cuda_index(device: str) -> int:
 class Plan:
     """A prepared reduction: everything but the arrays.
 
-    ``route``: "plain" (no autograd), "grad" (:class:`~lazytensor.autograd.KernelReduction`
-    on ``call``), "arg" (the same on the reduction's ``arg_variant``, whose indices the
+    ``route``: "plain" (no autograd), "op" (the torch.library op of
+    :mod:`lazytensor.torch_library` on ``run_call``: FakeTensor and meta inputs), "grad"
+    (:class:`~lazytensor.autograd.KernelReduction` on ``call``), "arg" (the same on the reduction's ``arg_variant``, whose indices the
     gradient gathers through) or "dual" (:class:`~lazytensor.dual.FusedReduction` with
     the fused inputs ``dual_slots``); ``apply`` is the autograd Function's ``apply``.
     """
@@ -138,6 +142,8 @@ class Plan:
             outs = self.apply(call, ranges, *arrays)
         elif route == "arg":
             outs = self.apply(self.run_call, ranges, *arrays)[:1]
+        elif route == "op":  # torch.library op (lazytensor.torch_library)
+            outs = self.apply(self.run_call, ranges, *arrays)[: len(call.outputs())]
         else:
             outs = [self.apply(call, self.dual_slots, ranges, *arrays)]
         red, F = self.red, call.formula.dim
@@ -235,6 +241,27 @@ def _grad_enabled() -> bool:
     return torch is not None and torch.is_grad_enabled()
 
 
+_TORCH_LIBRARY = f"{__package__}.torch_library"
+
+
+def torch_library():
+    """:mod:`lazytensor.torch_library`, loaded by name: it sits above the user API (it
+    registers the op and runs LazyTensor's interop table before any trace), which calls
+    it under torch.compile/export and for fake inputs. (Found in ``sys.modules`` once
+    loaded: torch dynamo traces a dict lookup, not ``importlib``.)"""
+    module = sys.modules.get(_TORCH_LIBRARY)
+    if module is None:
+        module = importlib.import_module(f"{__package__}.torch_library")
+    return module
+
+
+def torch_compiling() -> bool:
+    """torch.compile (dynamo) or torch.export is tracing the caller: reductions then go
+    through the torch.library op (:mod:`lazytensor.torch_library`)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.compiler.is_compiling()
+
+
 def _transforms_active() -> bool:
     """Inside a torch.func transform or a ``torch.autograd.forward_ad`` dual level:
     reductions then go through the autograd Function even when no input requires a
@@ -253,6 +280,27 @@ def prepare(formula: ir.Node, variables: list, reduction: str, axis: int, opts: 
     """Bind and check the variables, build the call and its route through autograd, and
     work out the symbolic part of the gradients the call will need (``ranged``: for
     block-sparse runs, whose K-min blocks may see fewer than K points and pad)."""
+    call, red, opts = bound_call(formula, variables, reduction, axis, opts, backend)
+    plan = Plan(call, red, opts)
+    if call.library == "torch" and _traced(variables):
+        # FakeTensor or meta inputs: the torch.library op, whose fake kernel gives the
+        # outputs' shapes without launching anything
+        return torch_library().route_through_op(plan)
+    requires = tuple(bool(getattr(v.data, "requires_grad", False)) for v in variables)
+    if call.library == "torch" and _transforms_active():
+        # torch.func transforms and forward-mode AD see reductions through the autograd
+        # Function's vmap and jvp rules; the fused dual-number form has none.
+        _prepare_gradients(plan, requires, "symbolic")
+    elif call.library == "torch" and _grad_enabled() and any(requires):
+        _prepare_gradients(plan, requires, grad_mode)
+    return plan
+
+
+def bound_call(formula: ir.Node, variables: list, reduction: str, axis: int, opts: dict,
+               backend: str = "auto", device: str | None = None) -> tuple:
+    """``(call, reduction, opts)``: the variables bound and checked, the reduction over i
+    turned into one over j, the backend resolved (for ``device`` when given: the device
+    of the tensors that meta stand-ins describe)."""
     red = reductions.get(reduction)
     # K=np.int64(5) must hash (JSON) and compile like K=5.
     opts = {k: int(v) if isinstance(v, np.integer) else v for k, v in opts.items()}
@@ -270,23 +318,24 @@ def prepare(formula: ir.Node, variables: list, reduction: str, axis: int, opts: 
         cats = [ir.swap_cat(c) for c in cats]
         N, M = M, N
     red.check(formula.dim, opts, M)  # K > M refused, with ranges too (blocks pad)
-    resolved = _resolve_backend(backend, sig.device, sig.library)
-    device, index = sig.device, None
+    device = device or sig.device
+    resolved = _resolve_backend(backend, device, sig.library)
+    index = None
     if resolved == "cuda":
-        device = _gpu_device(backend, sig)
+        device = _gpu_device(backend, sig) if device == sig.device else device
         index = cuda_index(device)
     call = ReductionCall(formula, tuple(cats), tuple(dims), red.name,
                          tuple(sorted(opts.items())), resolved, sig.library, sig.dtype,
                          device, sig.batch, N, M, index)
-    plan = Plan(call, red, opts)
-    requires = tuple(bool(getattr(v.data, "requires_grad", False)) for v in variables)
-    if sig.library == "torch" and _transforms_active():
-        # torch.func transforms and forward-mode AD see reductions through the autograd
-        # Function's vmap and jvp rules; the fused dual-number form has none.
-        _prepare_gradients(plan, requires, "symbolic")
-    elif sig.library == "torch" and _grad_enabled() and any(requires):
-        _prepare_gradients(plan, requires, grad_mode)
-    return plan
+    return call, red, opts
+
+
+def _traced(variables: list) -> bool:
+    """Some input is a FakeTensor or lives on the meta device (shapes, no values)."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return any(not v.is_scalar and (v.data.device.type == "meta" or is_fake(v.data))
+               for v in variables)
 
 
 def _prepare_gradients(plan: Plan, requires: tuple, grad_mode: str) -> None:
@@ -326,4 +375,5 @@ def _prepare_vjp(call: ReductionCall, needs: tuple) -> None:
         pass
 
 
-__all__ = ["Plan", "ReductionCall", "clear_plans", "prepare", "reduce"]
+__all__ = ["Plan", "ReductionCall", "bound_call", "clear_plans", "prepare", "reduce",
+           "torch_compiling", "torch_library"]

@@ -90,7 +90,13 @@ class Genred:
         backend = str(gpu_options(backend, device_id)[0]).lower()
         variables = bind_arguments(self.variables, args)
         io_dtype = half.output_dtype(variables)
-        if ranges is not None:  # block-sparse (see lazytensor.ranges)
+        if engine.torch_compiling():  # torch.compile/export: the torch.library op
+            if ranges is not None:
+                raise NotImplementedError("Genred: block-sparse ranges are not supported under "
+                                          "torch.compile or torch.export")
+            result = engine.torch_library().traced_reduce(
+                self.formula, variables, self.reduction, self.axis, self.opts, backend)
+        elif ranges is not None:  # block-sparse (see lazytensor.ranges)
             from . import ranges as ranges_mod
 
             result = ranges_mod.reduce(self.formula, variables, self.reduction, self.axis,
@@ -118,7 +124,7 @@ def _drop_unit_parameter_batches(variables: list) -> list:
     """A parameter of shape ``(1, D)`` (or ``(1, 1, D)``) with unbatched variables is a
     ``(D,)`` parameter, as in pykeops (whose batch dimensions are ``max(ndim) - 2``):
     Falkon passes its kernel parameters as ``(1, 1)`` tensors."""
-    nb = max((len(v.batch) for v in variables if v.cat != "p" and not v.is_scalar), default=0)
+    nb = max([0, *(len(v.batch) for v in variables if v.cat != "p" and not v.is_scalar)])
     out = []
     for v in variables:
         extra = len(v.batch) - nb

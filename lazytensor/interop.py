@@ -25,9 +25,9 @@ TypeError: numpy.cumsum does not support LazyTensor arguments...
 
 from __future__ import annotations
 
-import functools
 import importlib
 import inspect
+import operator
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -57,9 +57,19 @@ def resolve(qualname: str):
     return None
 
 
-@functools.cache
+_tables: dict = {}
+
+
 def _table(library: str) -> dict:
-    """``{function object: Entry}`` for the functions of ``library`` that the table maps."""
+    """``{function object: Entry}`` for the functions of ``library`` that the table maps
+    (built once; a plain dict that torch dynamo reads as it is)."""
+    table = _tables.get(library)
+    if table is None:
+        table = _tables[library] = _build_table(library)
+    return table
+
+
+def _build_table(library: str) -> dict:
     from .interop_table import TABLE
 
     out = {}
@@ -130,6 +140,45 @@ def _call(entry: Entry, args, kwargs: dict):
         raise
 
 
+# the functions that torch dynamo passes for an ``@`` with a tensor operand
+_TENSOR_MATMULS = ("torch.Tensor.__matmul__", "torch._C.TensorBase.__matmul__",
+                   "torch._C.TensorBase.matmul")
+
+
+def _tensor_matmuls() -> tuple:
+    funcs = _tables.get("matmuls")
+    if funcs is None:
+        funcs = _tables["matmuls"] = tuple(resolve(name) for name in _TENSOR_MATMULS)
+    return funcs
+
+
+def _compiling() -> bool:
+    from .engine import torch_compiling
+
+    return torch_compiling()
+
+
+def _traced_matmul(t, K):
+    """``Tensor.__matmul__(t, K)`` under torch dynamo, which sends both ``t @ K`` and
+    ``K @ t`` here (torch 2.13 has no reverse matmul and swaps the operands of ``K @ t``):
+    the one product that the shapes allow, and an error where both fit."""
+    # (K.shape binds every variable: the rows of K's first i- and j-variables suffice)
+    N = next((v.rows for v in K.variables if v.cat == "i" and not v.is_scalar), None)
+    M = next((v.rows for v in K.variables if v.cat == "j" and not v.is_scalar), None)
+    rows = t.shape[0] if t.dim() == 1 else t.shape[-2]
+    k_at_t, t_at_k = rows == M, t.shape[-1] == N
+    if k_at_t and t_at_k:
+        raise TypeError(f"under torch.compile, K @ t and t @ K reach a LazyTensor alike (torch "
+                        f"dynamo passes both as Tensor.__matmul__(t, K)), and the shapes of K "
+                        f"({N}, {M}) and t {tuple(t.shape)} fit both: write K.__matmul__(t) for "
+                        "K @ t, or K.T.__matmul__(t.mT).mT for t @ K")
+    if k_at_t:
+        return K.__matmul__(t)
+    from .interop_rules import matmul
+
+    return matmul(t, K)
+
+
 def _lazy_class():
     from .lazy import LazyTensor
 
@@ -175,9 +224,15 @@ def array_function(func, types, args, kwargs):
 def torch_function(func, types, args=(), kwargs=None):
     """``LazyTensor.__torch_function__``: torch functions, and a real tensor's methods called
     with a LazyTensor argument (``t + K``, ``t * K``, ``t @ K``)."""
+    import torch
+
+    if func in _tensor_matmuls() and _compiling() and len(args) == 2 and \
+            isinstance(args[1], _lazy_class()) and isinstance(args[0], torch.Tensor):
+        return _traced_matmul(*args)
+    if func is operator.matmul and isinstance(args[0], _lazy_class()):
+        return args[0].__matmul__(args[1])  # torch.export (strict) passes the operator itself
     entry = _table("torch").get(func)
     if entry is None:
-        import torch
 
         LazyTensor = _lazy_class()
         if not all(issubclass(t, (LazyTensor, torch.Tensor)) for t in types):

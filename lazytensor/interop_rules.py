@@ -328,7 +328,9 @@ def matmul(a, b):
         if isinstance(b, LazyTensor):
             raise Unsupported("a product of two LazyTensors has no lazy form; one side must be "
                               "a dense array")
-        return a @ b
+        # the method itself: torch dynamo sends an ``@`` with a tensor operand back
+        # through __torch_function__ (here), where Python calls __matmul__
+        return a.__matmul__(b)
     v = a if hasattr(a, "ndim") else np.asarray(a, dtype=np.float64)
     if v.ndim == 1:
         return b.T @ v

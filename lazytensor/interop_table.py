@@ -29,6 +29,24 @@ def _method(name: str):
     return _unary(operator.methodcaller(name))
 
 
+def _complex_part(name: str, real_value):
+    """``np.real(z)``, ``np.conj(z)``, ...: the ComplexLazyTensor's own method; on a real
+    LazyTensor ``real_value(x)`` (``x`` for the real part and the conjugate), or refused
+    where it is None."""
+
+    def rule(input):
+        (x,) = lazy_args(input)
+        if x.is_complex:
+            part = getattr(x, name)
+            return part() if callable(part) else part
+        if real_value is None:
+            raise rules.Unsupported(f"{name} of a real LazyTensor is not defined here; "
+                                    "take it on a complex one (lazytensor.ComplexLazyTensor)")
+        return real_value(x)
+
+    return rule
+
+
 def _binary(op: str):
     def rule(input, other):
         a, b = lazy_args(input, other)
@@ -221,6 +239,12 @@ TABLE: dict = {
     "relu": (_relu, _t("torch.relu", "torch.nn.functional.relu")),
     "softplus": (_softplus, _t("torch.nn.functional.softplus")),
     "rint": (_unary(rules.round_half_even), _t("numpy.rint")),
+    # complex parts (a real LazyTensor is its own real part and conjugate)
+    "conj": (_complex_part("conj", lambda x: x), _t("numpy.conjugate",
+                                                    "torch.conj", "torch.conj_physical")),
+    "real": (_complex_part("real", lambda x: x), _t("numpy.real", "torch.real")),
+    "imag": (_complex_part("imag", None), _t("numpy.imag", "torch.imag")),
+    "angle": (_complex_part("angle", None), _t("numpy.angle", "torch.angle")),
     "np_round": (_np_round, _t("numpy.round", "numpy.around")),
     "torch_round": (_torch_round, _t("torch.round")),
     # elementwise, two arguments (a real tensor's method too: t + K calls Tensor.add(t, K))

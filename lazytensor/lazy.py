@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import numbers
+import sys
 from typing import Any, Sequence
 
 import numpy as np
@@ -33,8 +34,14 @@ from .typehints import Array, Reduced
 def _interop():
     """:mod:`lazytensor.interop`, loaded by name on first use: it sits above this module (its
     rules build LazyTensors and subclass it), so this module names it instead of importing
-    it, and the import graph keeps one direction."""
-    return importlib.import_module(f"{__package__}.interop")
+    it, and the import graph keeps one direction. (Found in ``sys.modules`` once loaded:
+    torch dynamo traces a dict lookup, not ``importlib``.)"""
+    module = sys.modules.get(_INTEROP)
+    return module if module is not None else importlib.import_module(f"{__package__}.interop")
+
+
+_INTEROP = f"{__package__}.interop"
+
 
 
 def _canonical(x, axis):
@@ -431,12 +438,14 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
         else:  # the usual case, on every iteration of a solver: K * v_j from a cache
             n, E = len(self.variables), vj.formula.dim
             key = (self.formula, n, E)
-            formula = _matmul_formulas.get(key)
+            # (not while torch compiles: dynamo would guard on the cache's contents)
+            formula = None if engine.torch_compiling() else _matmul_formulas.get(key)
             if formula is None:
-                if len(_matmul_formulas) > 1024:
-                    _matmul_formulas.clear()
-                formula = _matmul_formulas[key] = ops.apply("mul", self.formula,
-                                                            ir.var(n, E, "j"))
+                formula = ops.apply("mul", self.formula, ir.var(n, E, "j"))
+                if not engine.torch_compiling():
+                    if len(_matmul_formulas) > 1024:
+                        _matmul_formulas.clear()
+                    _matmul_formulas[key] = formula
             prod = LazyTensor._new(formula, self.variables + vj.variables)
             if self.ranges is not None:
                 prod.ranges = self.ranges
@@ -817,6 +826,16 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
         opts = dict(opts or {})
         ranges = self.ranges if ranges is None else ranges
         io_dtype = half.output_dtype(self.variables)
+        if call and engine.torch_compiling():  # torch.compile/export: the torch.library op
+            if ranges is not None or group is not None:
+                raise NotImplementedError(f"{reduction}: block-sparse ranges and distributed "
+                                          "reductions are not supported under torch.compile "
+                                          "or torch.export")
+            result = engine.torch_library().traced_reduce(
+                self.formula, self.variables, reduction, axis_, opts, backend)
+            if io_dtype:
+                result = half.cast_outputs(result, io_dtype)
+            return result if out is None else copy_into(out, result)
         sharding = distributed_context.active(group)
         if sharding is not None:  # over the ranks of a process group (lazytensor.distributed)
             if ranges is not None:
@@ -1333,3 +1352,6 @@ class ComplexLazyTensor(ComplexMethods, LazyTensor):
 
 
 LazyTensor._complex_type = ComplexLazyTensor
+
+if "torch" in sys.modules:  # the torch.library op, registered before torch traces a reduction
+    engine.torch_library()

@@ -125,3 +125,21 @@ def test_what_complex_lazytensors_do_not_support_raises_clearly(rng):
         z ** 0.5
     with pytest.raises(ValueError, match="exp1j"):
         z.exp1j()
+
+
+def test_numpy_and_torch_complex_part_functions_match_the_methods(rng):
+    zx = rng.normal(size=(6, 2)) + 1j * rng.normal(size=(6, 2))
+    zy = rng.normal(size=(5, 2)) + 1j * rng.normal(size=(5, 2))
+    dense = zx[:, None] * zy[None]
+    z = Vi(zx) * Vj(zy)
+    for f in (np.conj, np.conjugate, np.real, np.imag, np.angle):
+        np.testing.assert_allclose(f(z).sum(1), f(dense).sum(1), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(np.conj(z).sum(1), z.conj().sum(1), rtol=1e-12)
+    zt = Vi(torch.tensor(zx)) * Vj(torch.tensor(zy))
+    for f in (torch.conj, torch.real, torch.imag, torch.angle):
+        np.testing.assert_allclose(f(zt).sum(1).numpy(), f(torch.tensor(dense)).sum(1).numpy(),
+                                   rtol=1e-12, atol=1e-12)
+    K = Vi(zx.real).sqdist(Vj(zy.real))
+    assert np.real(K) is K and np.conj(K) is K
+    with pytest.raises(TypeError, match="imag of a real LazyTensor"):
+        np.imag(K)

@@ -24,6 +24,9 @@ PACKAGES = {"lazytensor": ROOT / "lazytensor", "lazytensor.codegen": ROOT / "cod
 LATE_EDGES = {
     ("lazytensor.lazy", "lazytensor.interop"):
         "interop's rules subclass LazyTensor: lazy names interop instead of importing it",
+    ("lazytensor.engine", "lazytensor.torch_library"):
+        "the torch.library op runs plans and LazyTensor's interop table: the engine, LazyTensor "
+        "and Genred reach it through engine.torch_library() under torch.compile/export",
 }
 
 

@@ -157,6 +157,15 @@ for _names, _method, _domain in [
 for _names, _method in [(("numpy.sign", "torch.sign"), "sign"), (("numpy.floor", "torch.floor"), "floor"),
                         (("numpy.ceil", "torch.ceil"), "ceil"), (("numpy.rint",), "round")]:
     _unary(_names, _method, grad=False)
+# complex parts: a real LazyTensor is its own conjugate and real part; imag and angle
+# are taken of K * 1j (complex, lazy and dense alike)
+_unary(("numpy.conjugate", "torch.conj", "torch.conj_physical", "numpy.real",
+        "torch.real"), lambda K: K)
+for _name, _part in (("numpy.imag", "imag"), ("torch.imag", "imag"), ("numpy.angle", "angle"),
+                     ("torch.angle", "angle")):
+    CASES[_name] = Case(lambda f, d: [f(d.K * 1j)], grad=False, lazy=True,
+                        method=lambda d, part=_part: [
+                            getattr(d.K * 1j, part)() if part == "angle" else (d.K * 1j).imag])
 _unary(("numpy.round", "numpy.around"), "round", grad=False, extra=lambda f, d: [f(d.K, 1), f(d.K, -1)])
 _unary(("torch.round",), "round", grad=False, extra=lambda f, d: [f(d.K, decimals=1)])
 _unary(("torch.nn.functional.softplus",), "softplus",
