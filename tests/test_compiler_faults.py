@@ -221,7 +221,9 @@ def test_compiler_children_left_behind_are_killed(tmp_path: Path, use_cxx):
 
 
 _INTERRUPTED = r"""
-import sys
+import signal, sys
+# Ctrl-C as at a terminal, even when this test runs with SIGINT ignored (a background job)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from lazytensor import Vi, Vj
 import numpy as np
 x = np.random.rand(5, 2)

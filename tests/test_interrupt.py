@@ -16,7 +16,9 @@ import pytest
 from lazytensor import interrupt
 
 CHILD = textwrap.dedent("""
-    import os, sys, time, torch
+    import os, signal, sys, time, torch
+    # Ctrl-C as at a terminal, even when the suite runs with SIGINT ignored (a background job)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from lazytensor import Vi, Vj
     mode = sys.argv[1]
 
