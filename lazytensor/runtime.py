@@ -110,21 +110,24 @@ def check_stack(spec: KernelSpec) -> None:
             f"most {_HEAP_BUDGET >> 20} MB); split it into smaller pieces")
 
 
-def cpu_backend() -> Backend:
-    """The CPU backend: the system C++ compiler, ``lt_run`` in ``kernel.so``."""
+def cpu_backend(render=None, key_extra: dict | None = None, label: str = "kernel") -> Backend:
+    """The CPU backend: the system C++ compiler, ``lt_run`` in ``kernel.so``. ``render``
+    (spec -> C++ source; default: the reduction kernel), ``key_extra`` (more settings in
+    the key) and ``label`` serve other kernels built the same way (the two-sided one)."""
     from .codegen.compilers import cpu_compiler
     from .codegen.cpu.kernel import render_cpu_kernel
 
     compiler = cpu_compiler()
     if not compiler.available:
         raise compiler.not_found()
+    if render is None:
+        def render(spec):
+            return render_cpu_kernel(spec.formula, list(spec.var_specs), spec.reduction,
+                                     spec.opts_dict, spec.dtype, ranged=spec.ranged)
     return Backend(
-        "cpu", "kernel.so", compiler.identity(),
-        render=lambda spec: render_cpu_kernel(spec.formula, list(spec.var_specs),
-                                              spec.reduction, spec.opts_dict, spec.dtype,
-                                              ranged=spec.ranged),
+        "cpu", "kernel.so", compiler.identity(), render=render,
         compile=lambda source, workdir, what: compiler.compile(source, workdir, "kernel", what),
-        key_extra={"dot_tiling": dot_tiling_enabled()})
+        key_extra={"dot_tiling": dot_tiling_enabled(), **(key_extra or {})}, label=label)
 
 
 def _load_or_build_cpu(spec: KernelSpec) -> CpuKernel:

@@ -92,19 +92,11 @@ _table: dict = {}
 
 
 def _backend() -> Backend:
-    from .codegen.compilers import cpu_compiler
-    from .codegen.cpu import dot_tiling_enabled
+    from .runtime import cpu_backend
 
-    compiler = cpu_compiler()
-    if not compiler.available:
-        raise compiler.not_found()
-    return Backend(
-        "cpu", "kernel.so", compiler.identity(),
-        render=lambda spec: render_two_sided(spec.formula, list(spec.var_specs),
-                                             spec.opts_dict, spec.dtype),
-        compile=lambda source, workdir, what: compiler.compile(source, workdir, "kernel", what),
-        key_extra={"dot_tiling": dot_tiling_enabled(), "two_sided": True},
-        label="two-sided gradient kernel")
+    return cpu_backend(render=lambda spec: render_two_sided(spec.formula, list(spec.var_specs),
+                                                            spec.opts_dict, spec.dtype),
+                       key_extra={"two_sided": True}, label="two-sided gradient kernel")
 
 
 def _kernel(spec: KernelSpec):
