@@ -324,10 +324,35 @@ def _gather_vjp(call, inputs, outs, g, needs) -> list:
             arrays[k] = x
         return gathered_values(call, call.formula, arrays, call.cats, outs[1])
 
-    # torch.func.vjp rather than torch.autograd.grad: it composes with the torch.func
-    # transforms around a backward (a batched g under jacrev), and with create_graph.
-    _, pullback = torch.func.vjp(picked, *[inputs[k] for k in wanted])
     result = [None] * len(inputs)
-    for k, gr in zip(wanted, pullback(g)):
+    for k, gr in zip(wanted, _pullback(picked, [inputs[k] for k in wanted], g)):
         result[k] = gr
     return result
+
+
+def _pullback(fn, xs: list, g) -> tuple:
+    """The cotangent ``g`` of ``fn(*xs)`` pulled back to each of ``xs`` (zeros where
+    ``fn`` does not depend on one), itself differentiable in a backward that builds a
+    graph (``create_graph``).
+
+    Inside torch.func transforms (a batched ``g`` under jacrev), ``torch.func.vjp``;
+    outside them, ``torch.autograd.grad``: torch.func imports torch._dynamo on its first
+    call (seconds), and with it torch.distributed.nn, whose functions hold the default
+    process group as the default value of their ``group`` argument. Imported after
+    ``init_process_group``, that keeps the group alive after ``destroy_process_group``:
+    its gloo threads then run into the interpreter's teardown, and the process can abort
+    as it exits (``terminate called without an active exception``).
+    """
+    if torch._C._are_functorch_transforms_active():
+        _, pullback = torch.func.vjp(fn, *xs)
+        return pullback(g)
+    create = torch.is_grad_enabled()  # a backward with create_graph=True
+    with torch.enable_grad():
+        # a node of its own for each x (one tensor can be two variables), on the graph of
+        # x where a second derivative flows through it
+        leaves = [x.view_as(x) if create and x.requires_grad else x.detach().requires_grad_()
+                  for x in xs]
+        out = fn(*leaves)
+        grads = (torch.autograd.grad(out, leaves, g, create_graph=create, allow_unused=True)
+                 if out.requires_grad else [None] * len(xs))
+    return tuple(torch.zeros_like(x) if gr is None else gr for x, gr in zip(xs, grads))

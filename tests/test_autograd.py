@@ -271,3 +271,32 @@ def test_no_grad_needed_gives_plain_outputs(rng):
     out = _lt(x, "i").sqdist(_lt(y, "j")).argmin(1)
     assert out.dtype == torch.int64 and not out.requires_grad
     np.testing.assert_array_equal(out[:, 0].numpy(), ((x[:, None] - y[None].detach()) ** 2).sum(-1).argmin(1).numpy())
+
+
+GATHERED = {  # name: (LazyTensor reduction, dense torch reduction of the (N, M) matrix)
+    "min": (lambda d: d.min(1), lambda D: D.min(1, keepdim=True).values),
+    "max_i": (lambda d: d.max(0), lambda D: D.max(0).values[:, None]),
+    "kmin": (lambda d: d.Kmin(3, 1), lambda D: D.topk(3, dim=1, largest=False).values),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GATHERED))
+def test_gathered_gradients_differentiate_again_as_dense_torch(name, rng):
+    """Min, max and K-min gradients go through the selected pairs; in a backward that
+    builds a graph they are differentiable again. First and second derivatives (a
+    Hessian-vector product) against dense torch, also with one tensor as both variables."""
+    _seed(rng)
+    lazy, dense = GATHERED[name]
+    x, y = torch.randn(7, 3, requires_grad=True), torch.randn(9, 3, requires_grad=True)
+    for a, b in ((x, y), (x, x)):
+        leaves = [x, y] if b is y else [x]
+        got = lazy(_lt(a, "i").sqdist(_lt(b, "j") * 2.0))
+        want = dense(((a[:, None] - 2.0 * b[None]) ** 2).sum(-1))
+        w = torch.randn(want.shape)
+        g_got = torch.autograd.grad((got * w).sum(), leaves, create_graph=True)
+        g_want = torch.autograd.grad((want * w).sum(), leaves, create_graph=True)
+        v = [torch.randn(t.shape) for t in leaves]
+        h_got = torch.autograd.grad(sum((g * u).sum() for g, u in zip(g_got, v)), leaves)
+        h_want = torch.autograd.grad(sum((g * u).sum() for g, u in zip(g_want, v)), leaves)
+        for got_t, want_t in zip([*g_got, *h_got], [*g_want, *h_want]):
+            torch.testing.assert_close(got_t, want_t, rtol=1e-10, atol=1e-12)

@@ -9,6 +9,8 @@ with the one-process result on its rows; the ranks report to files that the test
 import datetime
 import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
 import traceback
@@ -69,11 +71,38 @@ def _entry(fn, rank, world, store, out_dir, *args):
         fn(rank, world, report, *args)
     except BaseException:
         report.append(["worker", False, traceback.format_exc()])
+    try:
+        dist.destroy_process_group()
+        report.append(_no_group_threads_left())
+    except BaseException:
+        report.append(["destroy_process_group", False, traceback.format_exc()])
     with open(os.path.join(out_dir, f"rank{rank}.json.tmp"), "w") as f:
         json.dump(report, f)
     os.replace(os.path.join(out_dir, f"rank{rank}.json.tmp"),
                os.path.join(out_dir, f"rank{rank}.json"))
-    dist.destroy_process_group()
+
+
+# Threads of a gloo process group (its transport loop, its workers), by their names
+GROUP_THREADS = ("gloo", "pt_gloo")
+
+
+def _no_group_threads_left() -> list:
+    """[check, ok, detail]: no thread of the process group runs after
+    destroy_process_group. A group that something still holds is destroyed only during
+    the interpreter's teardown, and its threads racing that teardown can abort the rank
+    as it exits (``terminate called without an active exception``)."""
+    if not os.path.isdir("/proc/self/task"):  # thread names are read from Linux's /proc
+        return ["no thread of the process group left (not checked: no /proc)", True, ""]
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:  # a thread that ended meanwhile
+            pass
+    left = sorted(n for n in names if n.startswith(GROUP_THREADS))
+    return ["no thread of the process group left after destroy_process_group", not left,
+            f"still running: {left}" if left else ""]
 
 
 def assert_all_ok(reports, world):
@@ -331,3 +360,33 @@ def test_a_rank_that_dies_makes_the_others_raise_within_the_timeout():
     assert reports[1]["exitcode"] == 3
     bad = [c for c in reports[0]["checks"] if not c[1]]
     assert reports[0]["checks"] and not bad, reports[0]
+
+
+# ------------------------------------------------------------------- the end of a rank
+
+
+GATHER_GRADIENTS = """
+import sys
+import torch
+from lazytensor import Vi, Vj
+
+x = torch.randn(40, 3, dtype=torch.float64, requires_grad=True)
+y = torch.randn(50, 3, dtype=torch.float64, requires_grad=True)
+d = Vi(x).sqdist(Vj(y))
+loss = d.min(dim=1).sum() + d.max(dim=1).sum() + d.Kmin(3, dim=1).sum()
+loss = loss + d.min_argmin(dim=1)[0].sum() + d.Kmin_argKmin(2, dim=1)[0].sum()
+loss.backward()
+print(sorted(m for m in ("torch._dynamo", "torch.distributed.nn") if m in sys.modules))
+"""
+
+
+def test_gather_gradients_leave_torch_dynamo_unimported(tmp_path):
+    """The gradients of min, max and K-min (through their indices) import neither
+    torch._dynamo nor, through it, torch.distributed.nn: its functions take the default
+    process group as the default value of ``group``, so an import after init_process_group
+    keeps the group (and its gloo threads) alive past destroy_process_group, into the
+    interpreter's teardown, where a rank can abort as it exits."""
+    done = subprocess.run([sys.executable, "-c", GATHER_GRADIENTS], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout
