@@ -5,6 +5,10 @@ and the errors that are ValueErrors as in pykeops (see ``test_keops_api.py`` for
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata
+import importlib.util
+import os
 import sys
 import types
 import warnings
@@ -12,6 +16,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from packaging.version import Version
 
 from lazytensor import Genred, LazyTensor, Vi, Vj
 from lazytensor.compat import pykeops as alias
@@ -55,6 +60,95 @@ def test_pykeops_names_are_lazytensor_objects(installed):
     assert pykeops.__version__ == "2.3" and pykeops.torch is sys.modules["pykeops.torch"]
     assert isinstance(pykeops.config.gpu_available, bool)
     assert pykeops.config.gpu_available == torch.cuda.is_available()
+
+
+def test_the_alias_packages_have_a_file_a_path_and_a_version(installed):
+    """Clients check these as on any installed package: ``os.path.dirname(__file__)``,
+    ``__path__`` a list of folders, ``__version__`` a version that packaging parses."""
+    import keopscore
+    import pykeops
+    import pykeops.config
+    import pykeops.numpy
+    import pykeops.torch
+    import pykeops.torch.cluster
+
+    for package in (pykeops, pykeops.torch, pykeops.numpy, keopscore):
+        assert os.path.isfile(package.__file__), package
+        assert isinstance(package.__path__, list) and package.__path__, package
+        assert all(os.path.isdir(p) for p in package.__path__), package.__path__
+        assert os.path.dirname(package.__file__) in package.__path__
+        assert package.__spec__.origin == package.__file__
+    for module in (pykeops.config, pykeops.torch.cluster):
+        assert os.path.isfile(module.__file__) and not hasattr(module, "__path__")
+    assert Version(pykeops.__version__) == Version("2.3") == Version(keopscore.__version__)
+    assert importlib.util.find_spec("pykeops").origin == pykeops.__file__
+    # a real folder on __path__, and the submodules still come from the alias
+    import pykeops.numpy.generic
+
+    assert pykeops.numpy.generic.Genred is Genred
+    with pytest.raises(ModuleNotFoundError, match="lazytensor's pykeops alias"):
+        import pykeops.pykeops_modules  # noqa: F401  (a file of that folder, not a submodule)
+
+
+def _real_config_names() -> set:
+    """The public names of pykeops 2.3's ``config`` (its assignments, functions and what
+    it star-imports from keopscore.config), read from the installed files, not imported."""
+    def tree(dist, path):
+        return ast.parse(open(importlib.metadata.distribution(dist).locate_file(path)).read())
+
+    try:
+        config = tree("pykeops", "pykeops/config.py")
+        keopscore_config = tree("keopscore", "keopscore/config/__init__.py")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("pykeops 2.3 is not installed (the test extra installs it)")
+    names = {t.id for node in config.body if isinstance(node, ast.Assign) for t in node.targets
+             if isinstance(t, ast.Name)}
+    names |= {node.name for node in config.body if isinstance(node, ast.FunctionDef)}
+    for node in keopscore_config.body:  # __all__ = [...]
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__"
+                                                for t in node.targets):
+            names |= set(ast.literal_eval(node.value))
+    return names
+
+
+def test_pykeops_config_has_the_names_of_pykeops_2_3(installed):
+    import keopscore.config
+    import pykeops.config
+    from lazytensor.cache import default_cache
+
+    # the paths of pykeops's own nvrtc and C++ binaries, and its pybind11 command line:
+    # lazytensor builds neither
+    not_ours = {"pykeops_nvrtc_name", "pykeops_cpp_name", "python_includes"}
+    names = _real_config_names()
+    assert {"gpu_available", "cuda_config", "get_build_folder"} <= names  # the file was read
+    missing = sorted(n for n in names - not_ours if not hasattr(pykeops.config, n))
+    assert not missing, f"pykeops.config lacks {missing}"
+    cfg = pykeops.config
+    gpu = torch.cuda.is_available()
+    assert cfg.gpu_available is cfg.use_cuda is cfg.cuda_config.get_use_cuda() is gpu
+    assert cfg.numpy_found and cfg.torch_found and cfg.use_OpenMP is True
+    assert (cfg.cuda_version is None) is not gpu
+    assert cfg.cuda_config.get_cuda_version() == cfg.cuda_version
+    assert cfg.get_build_folder() == cfg.config.get_build_folder()
+    assert os.path.isdir(cfg.get_build_folder())
+    assert cfg.get_build_folder() == str(default_cache().root)
+    for getter in ("get_config", "get_cuda_config", "get_openmp_config", "get_platform_config"):
+        assert getattr(cfg, getter)() is getattr(keopscore.config, getter)()
+    # one set of objects, as pykeops.config re-exports keopscore.config's
+    assert cfg.config is cfg.pykeops_base is keopscore.config.config
+    keopscore.config.cuda_config.n_gpus = 7
+    assert cfg.pykeops_cuda.n_gpus == 7
+
+
+def test_cuda_version_forms_as_keopscore_gives_them():
+    from lazytensor.compat.pykeops_modules import _Flags
+
+    flags = _Flags(cuda_version=12040)
+    assert flags.get_cuda_version() == 12040
+    assert flags.get_cuda_version("major,minor") == (12, 4)
+    assert flags.get_cuda_version("string") == "12.4"
+    assert Version(flags.get_cuda_version("string")) == Version("12.4")
+    assert _Flags(cuda_version=None).get_cuda_version("string") is None
 
 
 def test_complex_lazytensor_is_lazytensors(installed, rng):

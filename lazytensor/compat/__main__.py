@@ -21,8 +21,7 @@ lazytensor.compat: run code written for pykeops on lazytensor
 Aliased modules (pykeops {version} API):
 {modules}
 
-Not covered yet: torch.compile of reductions. float16 inputs compute in float32 (on the CPU
-too), returned as float16.
+float16 inputs compute in float32 (on the CPU too), returned as float16.
 install() refuses (PykeopsAlreadyImported) when the real pykeops is already imported;
 uninstall() removes the alias. The kernels live in lazytensor's cache
 (python -m lazytensor cache info); pykeops.clean_pykeops() empties it.

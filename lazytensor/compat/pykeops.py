@@ -14,7 +14,10 @@ The aliased modules are ``pykeops``, ``pykeops.config``, ``pykeops.torch``,
 submodules, and ``keopscore`` / ``keopscore.config`` (which Falkon and pykeops's tests set
 flags on). They are served by an import hook placed first on ``sys.meta_path``, so an
 installed pykeops is never imported. Any other ``pykeops.*`` name fails with an
-ImportError that says what the alias covers.
+ImportError that says what the alias covers. As modules of an installed package, they
+have a ``__file__`` (the file that builds them) and the packages a ``__path__`` (its
+folder); ``pykeops.__version__`` is the pykeops release whose API they follow (``"2.3"``),
+and ``pykeops.config`` holds pykeops 2.3's names (``gpu_available``, ``cuda_config``, ...).
 
 The alias must come first: if the real pykeops was already imported, ``install()``
 refuses (:class:`PykeopsAlreadyImported`), since modules that imported it hold it. A
@@ -75,8 +78,14 @@ class _AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             raise ModuleNotFoundError(
                 f"No module named {fullname!r}: lazytensor's pykeops alias (lazytensor.compat."
                 f"pykeops.install()) provides {covered}", name=fullname)
-        is_package = fullname in pykeops_modules.PACKAGES
-        return importlib.machinery.ModuleSpec(fullname, self, is_package=is_package)
+        # a location, as a real package's: __file__ (where the module is built), and for
+        # a package __path__ (its folder; its submodules come from this finder all the same)
+        spec = importlib.machinery.ModuleSpec(fullname, self, origin=pykeops_modules.ORIGIN,
+                                              is_package=fullname in pykeops_modules.PACKAGES)
+        spec.has_location = True
+        if spec.submodule_search_locations is not None:
+            spec.submodule_search_locations.append(pykeops_modules.FOLDER)
+        return spec
 
     def create_module(self, spec):
         module = pykeops_modules.BUILDERS[spec.name](spec.name)
@@ -84,8 +93,7 @@ class _AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return module
 
     def exec_module(self, module):
-        if module.__spec__.submodule_search_locations is not None:
-            module.__path__ = []  # a package: its submodules come from this finder too
+        pass  # the builder made the module whole
 
 
 _finder: _AliasFinder | None = None

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import sys
 from types import ModuleType
 from typing import Callable
 
@@ -22,6 +23,12 @@ import numpy as np
 
 API_VERSION = "2.3"  # the pykeops release whose API the alias follows
 ROOTS = ("pykeops", "keopscore")
+# The alias modules' __file__ is this file (their builders are here), and an alias
+# package's __path__ is [its folder]: clients that check that a package's files exist
+# find them. Submodules still come from the alias's finder, which precedes the path-based
+# ones on sys.meta_path.
+ORIGIN = os.path.abspath(__file__)
+FOLDER = os.path.dirname(ORIGIN)
 
 _TORCH_NAMES = ("ComplexLazyTensor", "Genred", "KernelSolve", "LazyTensor", "Pm", "Vi", "Vj", "generic_argkmin",
                 "generic_argmin", "generic_logsumexp", "generic_sum")
@@ -141,10 +148,15 @@ def _top(name: str) -> ModuleType:
 
 
 def _config(name: str) -> ModuleType:
+    """pykeops 2.3's ``config``: keopscore's configuration objects (the alias's, shared
+    with ``keopscore.config`` when that is the alias too) and what it derives from them."""
+    flags = _shared_flags()
     return _module(
         name, "pykeops.config on lazytensor: what the alias can run on.",
-        gpu_available=_gpu_available(), numpy_found=True,
-        torch_found=importlib.util.find_spec("torch") is not None,
+        **_config_objects(flags), pykeops_base=flags, pykeops_cuda=flags, pykeops_openmp=flags,
+        gpu_available=flags.get_use_cuda(), use_cuda=flags.get_use_cuda(),
+        use_OpenMP=flags.get_use_OpenMP(), cuda_version=flags.cuda_version,
+        numpy_found=True, torch_found=importlib.util.find_spec("torch") is not None,
         get_build_folder=_cache_root, set_build_folder=set_build_folder)
 
 
@@ -195,8 +207,21 @@ def _lazytensor_module(name: str) -> ModuleType:
 # ---------------------------------------------------------------------------- keopscore
 
 
+def _cuda_version() -> int | None:
+    """The CUDA runtime's version as ``cudaRuntimeGetVersion`` gives it (12040 for 12.4),
+    torch's, when a GPU is usable; None otherwise (as keopscore without CUDA)."""
+    if not _gpu_available():
+        return None
+    import torch
+
+    major, _, minor = (torch.version.cuda or "").partition(".")
+    return int(major) * 1000 + int(minor or 0) * 10 if major.isdigit() else None
+
+
 class _Flags:
-    """keopscore's configuration objects: flags that clients set (``use_cuda``) and read."""
+    """keopscore's configuration objects (``config``, ``cuda_config``, ``openmp_config``,
+    ``platform_detector``, one object here): flags that clients set (``use_cuda``) and
+    read. lazytensor does not act on them."""
 
     def __init__(self, **flags):
         self.__dict__.update(flags)
@@ -204,8 +229,54 @@ class _Flags:
     def get_use_cuda(self) -> bool:
         return bool(self.use_cuda)
 
+    def get_use_OpenMP(self) -> bool:
+        return bool(self.use_OpenMP)
+
+    def get_cuda_version(self, out_type: str = "single_value"):
+        """``12040``, ``(12, 4)`` (``"major,minor"``) or ``"12.4"`` (``"string"``); None
+        without CUDA."""
+        v = self.cuda_version
+        if v is None or out_type == "single_value":
+            return v
+        major, minor = v // 1000, (v % 1000) // 10
+        return (major, minor) if out_type == "major,minor" else f"{major}.{minor}"
+
     def get_build_folder(self) -> str:
         return _cache_root()
+
+    def get_os(self) -> str:
+        return self.os
+
+
+def _new_flags() -> _Flags:
+    import platform
+
+    use_cuda = _gpu_available()
+    n_gpus = 0
+    if use_cuda:
+        import torch
+
+        n_gpus = torch.cuda.device_count()
+    return _Flags(use_cuda=use_cuda, use_OpenMP=True, cuda_version=_cuda_version(),
+                  n_gpus=n_gpus, os=f"{platform.system()} {platform.release()}")
+
+
+def _shared_flags() -> _Flags:
+    """The flags of the alias's ``keopscore.config`` or ``pykeops.config`` if one is
+    imported (pykeops's config re-exports keopscore's objects: a flag set through one is
+    seen through the other), else new ones."""
+    for name in ("keopscore.config", "pykeops.config"):
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "__lazytensor_alias__", False):
+            return module.config
+    return _new_flags()
+
+
+def _config_objects(flags: _Flags) -> dict:
+    """What ``keopscore.config`` exports (``from keopscore.config import *`` in pykeops)."""
+    return dict(config=flags, cuda_config=flags, openmp_config=flags, platform_detector=flags,
+                get_config=lambda: flags, get_cuda_config=lambda: flags,
+                get_openmp_config=lambda: flags, get_platform_config=lambda: flags)
 
 
 def _keopscore(name: str) -> ModuleType:
@@ -215,10 +286,10 @@ def _keopscore(name: str) -> ModuleType:
 
 
 def _keopscore_config(name: str) -> ModuleType:
-    flags = _Flags(use_cuda=_gpu_available(), use_OpenMP=True)
+    flags = _shared_flags()
     return _module(name, "keopscore.config's flags for clients of the pykeops alias (no effect).",
-                   config=flags, cuda_config=flags, openmp_config=flags,
-                   use_cuda=flags.use_cuda, get_build_folder=_cache_root)
+                   **_config_objects(flags), use_cuda=flags.use_cuda,
+                   get_build_folder=_cache_root)
 
 
 BUILDERS: dict[str, Callable[[str], ModuleType]] = {
