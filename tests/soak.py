@@ -7,8 +7,9 @@
   ``LAZYTENSOR_TEST_SEEDS=413749726 pytest 'tests/test_x.py::test_y'``.
 - ``LAZYTENSOR_SOAK=N`` (``make soak``): only the tests that take ``rng`` and put float32
   to the test are collected (see :func:`soaked`), each over N fresh seeds (or over the
-  listed ones), and the run ends with a table: per file, the runs and failures; per test
-  that failed, its failure count and its failing seeds.
+  listed ones), seed after seed, and the run ends with a table: per file, the runs and
+  failures; per test that failed, its failure count and its failing seeds. Stopped early
+  (Ctrl-C), it prints the table of what ran: every test over the same number of seeds.
 
 The fresh seeds of a soak are drawn when this module is first imported (by conftest.py)
 and written to ``LAZYTENSOR_TEST_SEEDS``: under pytest-xdist the process that starts the
@@ -22,6 +23,7 @@ workers imports it first, so the workers inherit the same list and collect the s
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import re
@@ -93,18 +95,28 @@ def _dtype_name(value) -> str | None:
     return "float32" if text in _SINGLE else text
 
 
-def _source_puts_float32(item) -> bool:
+@functools.lru_cache(maxsize=None)
+def _source_puts_float32(function) -> bool:
     """``float32`` or ``complex64`` is written in the test's source, or it makes torch
     tensors of torch's default dtype (float32, unless its module sets float64)."""
     try:
-        source = inspect.getsource(item.function)
-        module = inspect.getsource(item.module)
-    except (OSError, TypeError, AttributeError):
+        source = inspect.getsource(function)
+        module = inspect.getsource(inspect.getmodule(function))
+    except (OSError, TypeError):
         return False
     if "float32" in source or "complex64" in source:
         return True
     return (_TORCH_DEFAULT_DTYPE.search(source) is not None
             and _WIDE.search(source) is None and "set_default_dtype(torch.float64)" not in module)
+
+
+def _may_be_soaked(metafunc) -> bool:
+    """Whether some of the function's tests can be soaked (:func:`soaked` says which)."""
+    for mark in metafunc.definition.iter_markers("parametrize"):
+        values = mark.args[1] if len(mark.args) > 1 else mark.kwargs.get("argvalues", ())
+        if any(_dtype_name(getattr(v, "values", v)) == "float32" for v in values):
+            return True
+    return _source_puts_float32(metafunc.function)
 
 
 def soaked(item) -> bool:
@@ -117,7 +129,8 @@ def soaked(item) -> bool:
     names = [n for n in names if n is not None]
     if names:
         return "float32" in names
-    return _source_puts_float32(item)
+    function = getattr(item, "function", None)
+    return function is not None and _source_puts_float32(function)
 
 
 class SoakPlugin:
@@ -131,17 +144,24 @@ class SoakPlugin:
 
     @pytest.hookimpl(trylast=True)  # after the test's own parametrize: the seed id is last
     def pytest_generate_tests(self, metafunc):
-        if self.seeds and "rng" in metafunc.fixturenames:
-            metafunc.parametrize("rng", self.seeds, indirect=True,
-                                 ids=[f"seed{s}" for s in self.seeds])
+        if not self.seeds or "rng" not in metafunc.fixturenames:
+            return
+        if self.soak and not _may_be_soaked(metafunc):
+            return  # deselected anyway: not worth 200 copies to collect
+        metafunc.parametrize("rng", self.seeds, indirect=True,
+                             ids=[f"seed{s}" for s in self.seeds])
 
     def pytest_collection_modifyitems(self, config, items):
         if not self.soak:
             return
-        keep = [item for item in items if soaked(item)]
-        if len(keep) < len(items):
-            config.hook.pytest_deselected(items=[i for i in items if not soaked(i)])
-            items[:] = keep
+        chosen = [soaked(item) for item in items]
+        if not all(chosen):
+            config.hook.pytest_deselected(items=[i for i, c in zip(items, chosen) if not c])
+            items[:] = [i for i, c in zip(items, chosen) if c]
+        # seed by seed: every test once, then again with the next seed, so that a soak
+        # stopped early (Ctrl-C still prints the table) has covered every test evenly
+        rank = {seed: k for k, seed in enumerate(self.seeds or ())}
+        items.sort(key=lambda item: rank.get(_seed_of(item), 0))
 
     def pytest_runtest_logreport(self, report):
         if not self.soak or not (report.when == "call" or report.failed):
@@ -157,6 +177,11 @@ class SoakPlugin:
         if self.soak and self.runs:
             for line in soak_table(self.runs, self.failed, len(self.seeds or ())):
                 terminalreporter.write_line(line)
+
+
+def _seed_of(item):
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get("rng") if callspec else None
 
 
 def _seed_order(seed) -> int:
