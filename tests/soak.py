@@ -197,8 +197,9 @@ def soak_table(runs: dict, failed: dict, n_seeds: int) -> list[str]:
         row[0] += 1
         row[1] += n
         row[2] += len(failed.get(test, ()))
-    lines = ["", f"soak: {len(runs)} tests x {n_seeds} seeds, "
-             f"{sum(len(s) for s in failed.values())} failed runs in {len(failed)} tests",
+    lines = ["", f"soak: {len(runs)} tests, {sum(runs.values())} runs ({n_seeds} seeds each "
+             f"planned), {sum(len(s) for s in failed.values())} failed runs in "
+             f"{len(failed)} tests",
              f"{'file':44s} {'tests':>6s} {'runs':>8s} {'failed':>7s}"]
     for name, (tests, n, bad) in sorted(files.items()):
         lines.append(f"{name:44s} {tests:6d} {n:8d} {bad:7d}")
