@@ -5,8 +5,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYCUDA := $(VENV)/.pycuda
 
-.PHONY: demo test test-cuda test-distributed test-compat bench gpu-check lint clean tutorials \
-	tutorials-save docs
+.PHONY: demo test test-cuda test-distributed test-compat soak bench gpu-check lint clean \
+	tutorials tutorials-save docs
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -21,15 +21,21 @@ $(STAMP): $(PY) pyproject.toml
 demo: $(STAMP)
 	$(PY) -m examples.demo
 
+# The suite runs in JOBS processes (pytest-xdist), one test file per process at a time
+# (its module fixtures built once), all sharing one kernel cache (tests/conftest.py).
+# JOBS=0 runs it in this process.
+JOBS ?= 2
+XDIST = $(if $(filter-out 0,$(JOBS)),-n $(JOBS) --dist loadfile)
+
 # The CUDA runtime tests (marked `cuda`) run the generated kernels on a GPU, or on the
 # emulator in tests/cuda_emulator through pycuda built against its fake driver: slower, so
 # a target of their own. Without nvcc they are skipped, saying why.
 test: $(STAMP)
 	@echo "make test: the suite takes about 12 minutes on 2 cores; skipped groups are summarized at the end"
-	$(PY) -m pytest -q -p no:cacheprovider -m "not cuda and not distributed" tests
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "not cuda and not distributed" tests
 
 test-cuda: $(PYCUDA)
-	$(PY) -m pytest -q -p no:cacheprovider -m cuda tests
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m cuda tests
 
 # pycuda 2026.1, built once into build/wheels (a source archive on the package index)
 $(PYCUDA): $(STAMP) tools/build_pycuda.py
@@ -45,6 +51,20 @@ test-distributed: $(STAMP)
 test-compat: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -rx tests/test_compat_pykeops.py tests/test_keops_api.py \
 		tests/test_pykeops_suite.py tests/test_clients.py
+
+# Not part of CI: every test that takes the `rng` fixture and puts float32 to the test, over
+# SOAK_SEEDS fresh seeds each (one process per core; each kernel compiled once for all the
+# seeds), then a table: runs and failures per file, failing seeds per test (tests/soak.py).
+# Run it after any change to code generation, a reduction or a tolerance (CONTRIBUTING.md).
+# A subset: `make soak SOAK_TESTS=tests/test_x.py SOAK_K=float32 SOAK_SEEDS=50`.
+SOAK_SEEDS ?= 200
+SOAK_TESTS ?= tests
+SOAK_K ?=
+SOAK_MARK ?= not cuda and not distributed
+soak: $(STAMP)
+	LAZYTENSOR_SOAK=$(SOAK_SEEDS) $(PY) -m pytest -q -p no:cacheprovider --tb=line \
+		$(if $(filter-out 0,$(JOBS)),-n $(JOBS)) -m "$(SOAK_MARK)" \
+		$(if $(SOAK_K),-k "$(SOAK_K)") $(SOAK_TESTS)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.bench

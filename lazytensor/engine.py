@@ -151,13 +151,16 @@ class Plan:
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def _scalar(self, value: float):
+        call = self.call
+        if self.route == "op":  # FakeTensor or meta inputs: a tensor made now belongs to the
+            # fake mode of this call (torch.compile makes one per trace), never to the next
+            return scalar_array(value, call.library, call.dtype, call.device)
         # keyed by the bits: -0.0 == 0.0 (and hashes alike) but atan2, 1/x, copysign tell them apart
         key = float(value).hex()
         a = self.scalars.get(key)
         if a is None:
             if len(self.scalars) >= 16:
                 self.scalars.clear()
-            call = self.call
             a = self.scalars[key] = scalar_array(value, call.library, call.dtype, call.device)
         return a
 

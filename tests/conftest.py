@@ -3,8 +3,14 @@
 - One private temporary directory per test session holds everything the tests create
   (``tempfile`` and ``$TMPDIR`` point to it, so subprocesses and compilers use it too):
   the kernel cache, unless ``$LAZYTENSOR_CACHE_DIR`` is given, and every temporary file.
-  It is removed when the session ends.
-- ``rng``: a fresh random generator per test, its seed printed on failure.
+  It is removed when the session ends. Under pytest-xdist (``make test`` runs ``-n 2``)
+  the process that starts the workers imports this file first: the workers inherit its
+  ``$TMPDIR`` and ``$LAZYTENSOR_CACHE_DIR``, so they share one kernel cache (safe across
+  processes: each entry is built once, under a per-key lock) and each makes its own
+  directory inside that one. Tests that need a cache of their own set
+  ``$LAZYTENSOR_CACHE_DIR`` to a directory under ``tmp_path`` (per test and per worker).
+- ``rng``: a fresh random generator per test, its seed printed on failure; a list of seeds
+  from ``$LAZYTENSOR_TEST_SEEDS`` instead, and the soak run (``make soak``): tests/soak.py.
 - ``gpu``: the real GPU when torch sees one, else the CUDA emulator (tests/cuda_emulator).
 - What the CUDA tests reduce (``gpu_reduction``) and how they compare a GPU's results
   with the CPU backend's (``assert_gpu_close``).
@@ -21,7 +27,9 @@ from collections import Counter
 
 import numpy as np
 import pytest
+import soak
 
+soak.draw_soak_seeds()  # before the workers start: they inherit the seeds
 _SESSION_TMP = tempfile.mkdtemp(prefix="lazytensor-tests-")
 _CREATOR = os.getpid()
 tempfile.tempdir = _SESSION_TMP
@@ -38,10 +46,17 @@ def _remove_session_tmp():
 atexit.register(_remove_session_tmp)
 
 
+def pytest_configure(config):
+    config.pluginmanager.register(soak.SoakPlugin(), "lazytensor-seeds")
+
+
 @pytest.fixture
 def rng(request):
-    """A fresh random generator per test; the seed is printed on failure."""
-    seed = int.from_bytes(os.urandom(4), "little")
+    """A fresh random generator per test (or one per seed of ``$LAZYTENSOR_TEST_SEEDS``);
+    the seed is printed on failure."""
+    seed = getattr(request, "param", None)
+    if seed is None:
+        seed = soak.fresh_seed()
     request.node.user_properties.append(("seed", seed))
     print(f"random seed: {seed}")
     return np.random.default_rng(seed)

@@ -120,6 +120,16 @@ def test_fake_and_meta_inputs_give_shapes_and_dtypes_without_a_kernel(rng, monke
     assert D.sum(dim=2).shape == (4, 5, 8, 3)
 
 
+def test_each_fake_mode_gets_outputs_of_its_own(rng):
+    """torch.compile traces under a new FakeTensorMode each time: the plan of the first
+    trace must not hand its fake scalars to the second ('Mixing fake modes')."""
+    x, y, b = _inputs(rng, torch.float32, N=9, M=7)
+    for _ in range(2):
+        with FakeTensorMode() as mode:
+            outs = Kernels()(*(mode.from_tensor(t) for t in (x, y, b)))
+        assert all(o.fake_mode is mode for o in outs)
+
+
 def test_double_backward_through_the_op_matches_dense(rng):
     x, y, b = _inputs(rng, torch.float64, N=6, M=5, grad=True)
 
