@@ -6,7 +6,7 @@ side (``x_i`` for ``dim=1``); the reduced side (``y_j``) is broadcast whole when
 chunk (or a NumPy array), and otherwise each of its row chunks meets each output chunk
 in its own task. Every task runs our kernel on its two chunks (compiled once per worker
 process: the kernel cache on disk is shared by the processes that share its directory)
-and returns the packed partial state of its block (:mod:`lazytensor.merge`, global
+and returns the packed partial state of its block (:mod:`lazytensor.scale.merge`, global
 indices); Dask's tree reduction merges the states of each output chunk, and a last task
 per chunk turns them into the outputs. Results equal one process's (sums to rounding),
 on the threaded, process and ``dask.distributed`` schedulers alike.
@@ -29,10 +29,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import blocks, merge
-from .binding import Variable
 from .codegen import ir, reductions
-from .options import reduction_options
+from .core.binding import Variable
+from .core.options import reduction_options
+from .scale import blocks, merge
 
 
 def _dask_array():

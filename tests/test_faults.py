@@ -3,7 +3,7 @@ corrupted cache entries.
 
 Each test that compiles uses a formula no other run has built (a random integer constant
 baked into the kernel) and a cache directory of its own. The in-process kernel table
-(``lazytensor.runtime._table``) hides the disk cache from a process that has already
+(``lazytensor.backends.cpu.runtime._table``) hides the disk cache from a process that has already
 loaded a kernel, so cross-process behaviour is tested in subprocesses.
 """
 
@@ -25,7 +25,8 @@ from lazytensor.cache import KernelCache
 from lazytensor.codegen import compilers
 from lazytensor.codegen.compilers import CompileError
 
-from lazytensor import Vi, Vj, engine
+from lazytensor import Vi, Vj
+from lazytensor.engine import plans as engine
 
 REPO = Path(__file__).resolve().parents[1]
 

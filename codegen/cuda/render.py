@@ -27,7 +27,7 @@ One ``.cu`` per kernel holds, in ``namespace <name>``, the per-pair formula
 (device pointers) and ``npieces``, read by block-sparse kernels only. The global
 ``<name>_acc`` has the size of ``Acc``.
 
-Block-sparse kernels (``ranged``, see :mod:`lazytensor.ranges`) run one launch of the 1D
+Block-sparse kernels (``ranged``, see :mod:`lazytensor.scale.ranges`) run one launch of the 1D
 scheme over the pieces: block ``bid`` runs piece ``bid % npieces`` of batch element ``bid /
 npieces``; a piece is four int64 ``(i0, i1, s0, s1)``: rows ``[i0, i1)`` (at most a block's
 rows) reduce over the intervals ``ivs[2s] <= j < ivs[2s + 1]``, s in ``[s0, s1)``, in that

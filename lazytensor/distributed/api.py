@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .. import blocks, merge
-from ..binding import Variable, bind, is_torch
 from ..codegen import ir, reductions
+from ..core.binding import Variable, bind, is_torch
+from ..scale import blocks, merge
 from . import protocol
 from .context import Sharding
 
@@ -128,7 +128,7 @@ def reduce(formula: ir.Node, variables: list, reduction: str, axis: int, opts: d
            backend: str = "auto", grad_mode: str | None = None, sharding: Sharding | None = None):
     """``reduction`` of ``formula`` over ``axis``, the reduced side's rows split over the
     ranks of ``sharding.group`` (each rank passes its own slice); returns this rank's
-    output rows, as :func:`lazytensor.engine.reduce` does for one process.
+    output rows, as :func:`lazytensor.engine.plans.reduce` does for one process.
 
     Every rank of the group must call it with the same formula, reduction and options.
     """
@@ -154,7 +154,7 @@ def reduce(formula: ir.Node, variables: list, reduction: str, axis: int, opts: d
     if mode == "auto":
         mode = "allgather" if nbytes <= sharding.allgather_bytes else "ring"
     if comm.size == 1 or mode == "allgather":
-        from .gather import gathered_reduce
+        from .allgather import gathered_reduce
 
         outs = gathered_reduce(plan)
     else:
