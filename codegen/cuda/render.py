@@ -54,7 +54,7 @@ from ..render_c import VarSpec
 from ..render_c import prelude as _prelude
 from .accumulators import acc_code
 from .chunked import chunk_smem, chunked_kernel
-from .chunks import ChunkPlan, plan_chunks
+from .chunks import ChunkedSums, plan_chunks
 from .direct import direct_kernel
 from .skeleton import (
     CHUNK_ROWS,
@@ -70,7 +70,7 @@ from .skeleton import (
 from .wide import wide_group, wide_kernel, wide_softmax_kernel
 
 
-def _chunk_plan(formula, var_specs) -> ChunkPlan | None:
+def _chunk_plan(formula, var_specs) -> ChunkedSums | None:
     n_vars = max([v.index + 1 for v in var_specs] + [0])
     return plan_chunks(formula, n_vars)
 

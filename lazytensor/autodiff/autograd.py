@@ -10,8 +10,8 @@ indices: the formula is re-evaluated in torch at the selected pairs only (O(N·K
 memory). Backward calls the same Function again, so gradients of any order work.
 
 The symbolic part of a backward (the VJP formulas, their calls, the form their kernels
-take, :func:`lazytensor.codegen.linearize.plan_gradient_sum`) is a :class:`VjpPlan`,
-worked out once per call and set of inputs that need a gradient (:func:`vjp_plan`) and
+take, :func:`lazytensor.codegen.linearize.plan_gradient_sum`) is a :class:`VjpFormulas`,
+worked out once per call and set of inputs that need a gradient (:func:`vjp_formulas`) and
 kept in the call's memo: a repeated backward runs no differentiation.
 
 The Function is written in the ``setup_context`` style with ``vmap`` and ``jvp`` rules
@@ -31,7 +31,7 @@ from ..codegen import diff, ir, ops, reductions
 from ..codegen.arraymath import torch_namespace
 from ..codegen.compositions import concat
 from ..codegen.evaluate import evaluate
-from ..codegen.linearize import GradientPlan, plan_gradient_sum
+from ..codegen.linearize import GradientForm, plan_gradient_sum
 from ..core.call import ReductionCall, execute
 from .transforms import gathered_values, reduction_jvp, vmap_rule
 
@@ -102,17 +102,17 @@ class SideGradient:
 
     slots: tuple
     call: ReductionCall  # the Sum the kernel runs (after the gradient plan)
-    plan: GradientPlan | None  # None on the NumPy backend: the formula as it is
+    plan: GradientForm | None  # None on the NumPy backend: the formula as it is
     normalized: bool = False
     shift: tuple | None = None  # (argument slot, max_sumshiftexp call): see _shifted
 
 
 @dataclass(frozen=True)
-class VjpPlan:
+class VjpFormulas:
     sides: tuple  # of SideGradient
 
 
-def vjp_plan(call: ReductionCall, needs: tuple, aux: bool) -> VjpPlan:
+def vjp_formulas(call: ReductionCall, needs: tuple, aux: bool) -> VjpFormulas:
     """The symbolic part of the backward of ``call`` (a reduction whose ``gradient`` is
     "sum") for the inputs with ``needs[k]``; ``aux``: the auxiliary outputs have a
     cotangent too. Worked out once per (call, needs, aux)."""
@@ -123,7 +123,7 @@ def vjp_plan(call: ReductionCall, needs: tuple, aux: bool) -> VjpPlan:
     return plan
 
 
-def _vjp_plan(call: ReductionCall, needs: tuple, aux: bool) -> VjpPlan:
+def _vjp_plan(call: ReductionCall, needs: tuple, aux: bool) -> VjpFormulas:
     red = reductions.get(call.reduction)
     n_in = len(call.cats)
     saved = red.outputs(call.formula.dim, call.opts_dict)[: red.vjp_saves]
@@ -159,7 +159,7 @@ def _vjp_plan(call: ReductionCall, needs: tuple, aux: bool) -> VjpPlan:
                                   cats=sub.cats + ("j",) * len(plan.hoisted),
                                   dims=sub.dims + tuple(n.dim for n in plan.hoisted))
         sides.append(SideGradient(ks, run, plan, weight is not None, shift))
-    return VjpPlan(tuple(sides))
+    return VjpFormulas(tuple(sides))
 
 
 def _shifted(call: ReductionCall, formula: ir.Node, dims: list, slot: int) -> tuple:
@@ -203,7 +203,7 @@ def reduction_vjp(call, inputs, outs, grads, needs, ranges=None, apply=None) -> 
     if red.gradient != "sum":
         red.vjp_formula(call.formula, [], False)  # raises: no gradient
     aux = any(gr is not None for gr in grads[red.user_outputs:])
-    plan = vjp_plan(call, tuple(bool(n) for n in needs), aux)
+    plan = vjp_formulas(call, tuple(bool(n) for n in needs), aux)
     g = grads[0]
     if aux:
         g0 = g if g is not None else torch.zeros_like(outs[0])

@@ -9,7 +9,7 @@ gradient), whether torch records gradients and the gradient mode. On a miss,
 reduction over i (axis 0), the backend, the route through autograd (plain, symbolic
 gradient, gradient through indices, fused dual numbers of :mod:`lazytensor.autodiff.dual`), the
 tangent formulas of dual mode and the VJP formulas of the expected backward
-(:func:`lazytensor.autodiff.autograd.vjp_plan`). :meth:`Plan.run` then only makes Python numbers
+(:func:`lazytensor.autodiff.autograd.vjp_formulas`). :meth:`Plan.run` then only makes Python numbers
 into arrays, allocates, launches (the kernels and launch arguments are kept by the calls,
 :mod:`lazytensor.core.call`) and shapes the outputs.
 
@@ -298,10 +298,10 @@ def _prepare_gradients(plan: Plan, requires: tuple, grad_mode: str) -> None:
 def _prepare_vjp(call: ReductionCall, needs: tuple) -> None:
     """The VJP formulas of the first backward, when they exist (a formula without a
     derivative raises at backward time, as it would without this preparation)."""
-    from ..autodiff.autograd import vjp_plan
+    from ..autodiff.autograd import vjp_formulas
 
     try:
-        vjp_plan(call, needs, False)
+        vjp_formulas(call, needs, False)
     except NotImplementedError:
         pass
 

@@ -49,7 +49,7 @@ class TwoSided:
 
 
 def two_sided_plan(call, plan) -> TwoSided | None:
-    """The :class:`TwoSided` of a :class:`lazytensor.autodiff.autograd.VjpPlan`, or None where the
+    """The :class:`TwoSided` of a :class:`lazytensor.autodiff.autograd.VjpFormulas`, or None where the
     kernel does not apply (worked out once per plan, kept in ``call.memo``)."""
     key = ("twosided", id(plan))
     if key not in call.memo:

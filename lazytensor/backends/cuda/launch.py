@@ -31,7 +31,7 @@ _MAX_GRID = 2**31 - 1
 
 
 @dataclass(frozen=True)
-class LaunchPlan:
+class LaunchGrid:
     """Grid of one reduction: ``nJC == 1`` is the 1D scheme, ``nJC > 1`` split-j."""
 
     threads: int
@@ -43,7 +43,7 @@ class LaunchPlan:
 
 
 def plan_launch(N: int, M: int, B: int, sm_count: int, threads: int, tile: int,
-                acc_bytes: int, group: int = 1, merge_per_row: int = 1) -> LaunchPlan:
+                acc_bytes: int, group: int = 1, merge_per_row: int = 1) -> LaunchGrid:
     """Choose the scheme: split j only when the row blocks cannot fill the device.
 
     >>> plan_launch(10**6, 10**6, 1, 132, 256, 256, 16).nJC
@@ -70,10 +70,10 @@ def plan_launch(N: int, M: int, B: int, sm_count: int, threads: int, tile: int,
         raise ValueError(f"too many rows for one CUDA launch ({B} x {N})")
     merge_grid = -(-B * N * merge_per_row // threads) if nJC > 1 else 0
     part_bytes = B * N * nJC * acc_bytes if nJC > 1 else 0
-    return LaunchPlan(threads, nJC, JC, grid, merge_grid, part_bytes)
+    return LaunchGrid(threads, nJC, JC, grid, merge_grid, part_bytes)
 
 
-def ranges_plan(kernel, n_pieces: int, B: int) -> LaunchPlan:
+def ranges_plan(kernel, n_pieces: int, B: int) -> LaunchGrid:
     """The grid of a block-sparse call: the 1D scheme, one block per piece and batch
     element (``n_pieces`` pieces of at most :func:`piece_rows` rows).
 
@@ -84,7 +84,7 @@ def ranges_plan(kernel, n_pieces: int, B: int) -> LaunchPlan:
     grid = B * n_pieces
     if grid > _MAX_GRID:
         raise ValueError(f"too many blocks of rows for one CUDA launch ({B} x {n_pieces})")
-    return LaunchPlan(kernel.threads, 1, 0, grid, 0, 0)
+    return LaunchGrid(kernel.threads, 1, 0, grid, 0, 0)
 
 
 def piece_rows(kernel) -> int:
@@ -243,5 +243,5 @@ class CudaExecutor:
         return outs
 
 
-__all__ = ["CudaExecutor", "LaunchPlan", "launch_cuda", "launch_numpy",
+__all__ = ["CudaExecutor", "LaunchGrid", "launch_cuda", "launch_numpy",
            "pack_args", "piece_rows", "plan_launch", "ranges_plan"]
