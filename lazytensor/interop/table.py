@@ -14,6 +14,7 @@ from __future__ import annotations
 import operator
 
 from ..api.lazy import LazyTensor
+from ..codegen import ops
 from . import rules
 from .rules import lazy_args
 
@@ -200,41 +201,23 @@ def _t(*names):
     return tuple(names)
 
 
+def _elementwise_rows() -> dict:
+    """The rows of the elementwise ops whose records name NumPy/SciPy/torch functions
+    (:attr:`lazytensor.codegen.ops.OpDef.interop`): one argument runs ``x.method()``, two
+    ``x._op(name, y)`` (a real tensor's method too: ``t * K`` calls ``Tensor.mul(t, K)``)."""
+    rows = {}
+    for name, op in ops.REGISTRY.items():
+        if op.interop:
+            rule = _method(op.method) if op.arity == 1 else _binary(name)
+            rows[name] = (rule, op.interop)
+    return rows
+
+
 # rule name -> (function with the library's signature, functions that call it)
 TABLE: dict = {
-    # elementwise, one argument: x.method()
-    **{m: (_method(m), _t(*names)) for m, names in {
-        "exp": ("numpy.exp", "torch.exp"),
-        "log": ("numpy.log", "torch.log"),
-        "sqrt": ("numpy.sqrt", "torch.sqrt"),
-        "rsqrt": ("torch.rsqrt",),
-        "abs": ("numpy.absolute", "numpy.fabs", "torch.abs", "torch.absolute"),
-        "sin": ("numpy.sin", "torch.sin"),
-        "cos": ("numpy.cos", "torch.cos"),
-        "tan": ("numpy.tan", "torch.tan"),
-        "asin": ("numpy.arcsin", "torch.asin", "torch.arcsin"),
-        "acos": ("numpy.arccos", "torch.acos", "torch.arccos"),
-        "atan": ("numpy.arctan", "torch.atan", "torch.arctan"),
-        "sinh": ("numpy.sinh", "torch.sinh"),
-        "cosh": ("numpy.cosh", "torch.cosh"),
-        "tanh": ("numpy.tanh", "torch.tanh"),
-        "asinh": ("numpy.arcsinh", "torch.asinh", "torch.arcsinh"),
-        "acosh": ("numpy.arccosh", "torch.acosh", "torch.arccosh"),
-        "atanh": ("numpy.arctanh", "torch.atanh", "torch.arctanh"),
-        "log1p": ("numpy.log1p", "torch.log1p", "torch.special.log1p"),
-        "expm1": ("numpy.expm1", "torch.expm1", "torch.special.expm1"),
-        "square": ("numpy.square", "torch.square"),
-        "sign": ("numpy.sign", "torch.sign"),
-        "inv": ("numpy.reciprocal", "torch.reciprocal"),
-        "floor": ("numpy.floor", "torch.floor"),
-        "ceil": ("numpy.ceil", "torch.ceil"),
-        "erf": ("scipy.special.erf", "torch.erf", "torch.special.erf"),
-        "erfc": ("scipy.special.erfc", "torch.erfc", "torch.special.erfc"),
-        "sigmoid": ("scipy.special.expit", "torch.sigmoid", "torch.special.expit"),
-        "logsigmoid": ("scipy.special.log_expit", "torch.nn.functional.logsigmoid"),
-        "sinc": ("numpy.sinc", "torch.sinc", "torch.special.sinc"),
-    }.items()},
-    "negative": (_unary(operator.neg), _t("numpy.negative", "torch.neg", "torch.negative")),
+    # elementwise ops: the functions their records name, x.method() or x._op(name, y)
+    **_elementwise_rows(),
+    "sinc": (_method("sinc"), _t("numpy.sinc", "torch.sinc", "torch.special.sinc")),
     "positive": (_unary(lambda x: x), _t("numpy.positive", "torch.positive")),
     "relu": (_relu, _t("torch.relu", "torch.nn.functional.relu")),
     "softplus": (_softplus, _t("torch.nn.functional.softplus")),
@@ -247,17 +230,6 @@ TABLE: dict = {
     "angle": (_complex_part("angle", None), _t("numpy.angle", "torch.angle")),
     "np_round": (_np_round, _t("numpy.round", "numpy.around")),
     "torch_round": (_torch_round, _t("torch.round")),
-    # elementwise, two arguments (a real tensor's method too: t + K calls Tensor.add(t, K))
-    **{op: (_binary(op), _t(*names)) for op, names in {
-        "mul": ("numpy.multiply", "torch.mul", "torch.multiply", "torch.Tensor.mul"),
-        "atan2": ("numpy.arctan2", "torch.atan2", "torch.arctan2", "torch.Tensor.atan2"),
-        "lt": ("numpy.less", "torch.lt", "torch.less", "torch.Tensor.lt"),
-        "le": ("numpy.less_equal", "torch.le", "torch.less_equal", "torch.Tensor.le"),
-        "gt": ("numpy.greater", "torch.gt", "torch.greater", "torch.Tensor.gt"),
-        "ge": ("numpy.greater_equal", "torch.ge", "torch.greater_equal", "torch.Tensor.ge"),
-        "eq": ("numpy.equal", "torch.eq", "torch.Tensor.eq"),
-        "ne": ("numpy.not_equal", "torch.ne", "torch.not_equal", "torch.Tensor.ne"),
-    }.items()},
     "add": (_add, _t("numpy.add", "torch.add", "torch.Tensor.add")),
     "sub": (_sub, _t("numpy.subtract", "torch.sub", "torch.subtract", "torch.Tensor.sub")),
     "div": (rules.divide, _t("numpy.divide", "torch.div", "torch.divide", "torch.true_divide",
