@@ -83,17 +83,19 @@ class ReductionCall:
 def execute(call: ReductionCall, arrays: list, ranges=None) -> list:
     """Outputs of ``call`` on canonical arrays (no autograd); block-sparse with ``ranges``
     (a :class:`lazytensor.scale.ranges.BlockRanges` of the call's reduction over j)."""
-    arrays = _contiguous(call, arrays)
+    runtime = call.memo.get("runtime")
+    if runtime is None:
+        runtime = call.memo["runtime"] = backend.get(call.backend)
+    if runtime.contiguous_inputs:
+        arrays = _contiguous(call, arrays)
     shapes = tuple(a.shape for a in arrays)
     hit = call.memo.get("executor")
     if hit is None or hit[0] != shapes:
-        hit = call.memo["executor"] = (shapes, _executor(call, shapes))
+        hit = call.memo["executor"] = (shapes, runtime.executor(call, shapes, out_specs(call)))
     return hit[1](arrays, ranges)
 
 
 def _contiguous(call: ReductionCall, arrays: list) -> list:
-    if not backend.get(call.backend).contiguous_inputs:
-        return arrays
     if call.library == "torch":
         return [a if a.is_contiguous() and not _lazy_bits(a) else plain(a) for a in arrays]
     return [np.ascontiguousarray(a) for a in arrays]
@@ -108,12 +110,6 @@ def _lazy_bits(a) -> bool:
 def plain(a):
     """``a``'s values in contiguous memory of their own sign (a copy only when needed)."""
     return a.detach().resolve_conj().resolve_neg().contiguous()
-
-
-def _executor(call: ReductionCall, shapes: tuple):
-    """A function of the arrays that allocates the outputs and runs the call (the
-    launcher of the call's backend)."""
-    return backend.get(call.backend).executor(call, shapes, out_specs(call))
 
 
 def out_specs(call: ReductionCall) -> list:
