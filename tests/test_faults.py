@@ -26,7 +26,7 @@ from lazytensor.codegen import compilers
 from lazytensor.codegen.compilers import CompileError
 
 from lazytensor import Vi, Vj
-from lazytensor.core import backend
+from lazytensor.core import backend as backends
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -169,7 +169,7 @@ def no_compiler(monkeypatch):
     missing = compilers.CpuCompiler("/nonexistent/bin/c++")
     assert not missing.available
     monkeypatch.setattr(compilers, "cpu_compiler", lambda: missing)
-    monkeypatch.setattr(backend, "_warned_fallback", False)
+    monkeypatch.setattr(backends, "_warned_fallback", False)
 
 
 def test_missing_compiler_backend_cpu_is_a_clear_error(no_compiler, fresh_cache):
