@@ -298,7 +298,7 @@ class Roofline:
 
 
 def gauss_table(D: int, sizes: list, args, roofline=None) -> Table:
-    from lazytensor import runtime
+    from lazytensor.backends.cpu import runtime
 
     KLT, why = _pykeops()
     cols = ["N = M", "lazytensor", "torch dense (×: its time / ours)"]
@@ -333,7 +333,7 @@ def gauss_table(D: int, sizes: list, args, roofline=None) -> Table:
 def _gauss_contenders(data, args, roofline, KLT) -> dict:
     import torch
 
-    from lazytensor import runtime
+    from lazytensor.backends.cpu import runtime
 
     x, y, b, s2 = data
     cont = {"ours": lambda: ours_gauss(x, y, b, s2),
@@ -449,7 +449,9 @@ def overhead_table(args) -> Table:
     in a new process."""
     import torch
 
-    from lazytensor import Vi, Vj, dispatch, engine
+    from lazytensor import Vi, Vj
+    from lazytensor.core import call as dispatch
+    from lazytensor.engine import plans as engine
 
     n = OVERHEAD_N
     t = _start(Table(f"Call overheads, N = M = {n}, D = 3", ["what", "time", "how measured"]))
@@ -554,7 +556,7 @@ def _run_json(code: str) -> dict:
 def split_j_table(args) -> Table:
     import torch
 
-    from lazytensor import runtime
+    from lazytensor.backends.cpu import runtime
 
     M = args.splitj_m
     t = _start(Table(f"One query against M = {M:,} points (split-j), Gaussian D = 3",

@@ -58,7 +58,8 @@ def clustered_problem(n: int, seed: int = 0):
 
 
 def ranges_table(args) -> Table:
-    from lazytensor import Vi, Vj, runtime
+    from lazytensor import Vi, Vj
+    from lazytensor.backends.cpu import runtime
 
     KLT, why = _pykeops()
     t = _start(Table("Block-sparse ranges: Gaussian K @ b, D = 3, σ = 0.05, float32",

@@ -1,7 +1,7 @@
 """Symbolic differentiation of formulas: reverse mode (VJP) and forward mode (JVP), IR to IR.
 
 ``vjp(F, [x], g)`` is the formula ``(∂F/∂x)ᵀ g``: a new formula in the same variables plus
-``g``, which a reduction turns into a gradient (see :mod:`lazytensor.autograd`).
+``g``, which a reduction turns into a gradient (see :mod:`lazytensor.autodiff.autograd`).
 
 >>> from lazytensor.codegen import ir
 >>> x = ir.var(0, 3, "i"); g = ir.var(1, 1, "i")

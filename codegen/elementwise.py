@@ -163,6 +163,7 @@ def define(
     keops: tuple = (),
     method: Optional[str] = None,
     example: str = "",
+    interop: tuple = (),
 ) -> OpDef:
     """Register an elementwise op.
 
@@ -170,7 +171,8 @@ def define(
     optionally overrides its C text; ``ref(xp, arrays, params)`` its reference;
     ``derivs(a0, ..., *params)`` its partial derivatives as IR (default: sympy's);
     ``keops`` its names in formula strings, ``method`` its ``LazyTensor`` method, ``doc``
-    and ``example`` that method's docstring (see :class:`~lazytensor.codegen.ops.OpDef`).
+    and ``example`` that method's docstring, ``interop`` the NumPy/SciPy/torch functions
+    that build it (see :class:`~lazytensor.codegen.ops.OpDef`).
     """
     if not differentiable:
         derivs = lambda *a: [None] * arity  # noqa: E731
@@ -189,6 +191,7 @@ def define(
         vjp=_vjp_from_partials, jvp=_jvp_from_partials, sympy_func=sympy_func,
         differentiable=differentiable, doc=doc, keops=tuple(keops), method=method,
         elementwise=True, sym=sym, c=c, partials=derivs, example=example,
+        interop=tuple(interop),
     ))
     ELEMENTWISE[name] = opdef
     return opdef
@@ -252,7 +255,8 @@ define("sub", 2, sym=lambda a, b: a - b, c=lambda dt, a, b: f"({a} - {b})",
        ref=lambda xp, t, p: t[0] - t[1], derivs=lambda a, b: [_c(1), _c(-1)],
        keops=("Subtract",), method="__sub__", doc="``self - other``",
        example=_example2("x - y", "[[1.0, 0.0, -1.0], [2.0, 1.0, 0.0]]"))
-define("mul", 2, sym=lambda a, b: a * b, c=lambda dt, a, b: f"({a} * {b})",
+define("mul", 2, interop=("numpy.multiply", "torch.mul", "torch.multiply", "torch.Tensor.mul"),
+       sym=lambda a, b: a * b, c=lambda dt, a, b: f"({a} * {b})",
        ref=lambda xp, t, p: t[0] * t[1], derivs=lambda a, b: [b, a],
        keops=("Mult",), method="__mul__", doc="``self * other``",
        example=_example2("x * y", "[[0.0, 1.0, 2.0], [0.0, 2.0, 4.0]]"))
@@ -262,7 +266,8 @@ define("div", 2, sym=lambda a, b: a / b, c=lambda dt, a, b: f"({a} / {b})",
                             apply("neg", apply("div", a, apply("mul", b, b)))],
        keops=("Divide",), method="__truediv__", doc="``self / other``",
        example=_example2("y / x", "[[0.0, 1.0, 2.0], [0.0, 0.5, 1.0]]"))
-define("neg", 1, sym=lambda a: -a, c=lambda dt, a: f"(-{a})",
+define("neg", 1, interop=("numpy.negative", "torch.neg", "torch.negative"),
+       sym=lambda a: -a, c=lambda dt, a: f"(-{a})",
        ref=lambda xp, t, p: -t[0], derivs=lambda a: [_c(-1)], keops=("Minus",), method="__neg__",
        doc="``-self``", example=(">>> x = Vi(np.array([[-1.0], [2.0]]))\n"
                                  ">>> (-x).dense().round(4).tolist()\n[[1.0], [-2.0]]"))
@@ -310,7 +315,8 @@ define("step", 1, sym=lambda a: _sp("Heaviside")(a),
        ref=lambda xp, t, p: xp.where(t[0] != t[0], t[0], xp.as_float(t[0] >= 0, t[0])),
        differentiable=False, doc="1 where a >= 0, 0 where a < 0, NaN for NaN (step(0) = 1)",
        keops=("Step",), method="step", example=_example("step", (-1.0, 0.0), "[[0.0], [1.0]]"))
-define("sign", 1, sym=lambda a: _sp("sign")(a), sympy_func="sign",
+define("sign", 1, interop=("numpy.sign", "torch.sign"),
+       sym=lambda a: _sp("sign")(a), sympy_func="sign",
        ref=_np("sign"), differentiable=False, keops=("Sign",), method="sign",
        doc="the sign of a: -1, 0 or 1 (NaN for NaN)",
        example=_example("sign", (-2.0, 0.0), "[[-1.0], [0.0]]"))
@@ -319,7 +325,8 @@ define("relu", 1, c=lambda dt, a: f"({a} < 0 ? (T)0 : {a})",
        derivs=lambda a: [apply("sub", _c(1), _step(apply("neg", a)))], keops=("ReLU",),
        method="relu", doc="max(a, 0) (relu(-inf) = 0)",
        example=_example("relu", (-1.0, 2.0), "[[0.0], [2.0]]"))
-define("abs", 1, c=_fn("fabs"), ref=_np("abs"), sympy_func="Abs",
+define("abs", 1, interop=("numpy.absolute", "numpy.fabs", "torch.abs", "torch.absolute"),
+       c=_fn("fabs"), ref=_np("abs"), sympy_func="Abs",
        derivs=lambda a: [apply("sign", a)], keops=("Abs",), method="abs",
        doc="absolute value ``|a|``",
        example=_example("abs", (-1.0, 2.0), "[[1.0], [2.0]]"))
@@ -347,16 +354,29 @@ _COMPARISONS = {
     "le": ("<=", operator.le, "[[0.0, 1.0, 1.0], [0.0, 0.0, 1.0]]"),
     "ge": (">=", operator.ge, "[[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]"),
 }
+# the NumPy and torch functions of each comparison (a tensor's method too: t < K calls
+# Tensor.lt(t, K))
+_COMPARISON_FUNCTIONS = {
+    "eq": ('numpy.equal', 'torch.eq', 'torch.Tensor.eq'),
+    "ne": ('numpy.not_equal', 'torch.ne', 'torch.not_equal', 'torch.Tensor.ne'),
+    "lt": ('numpy.less', 'torch.lt', 'torch.less', 'torch.Tensor.lt'),
+    "gt": ('numpy.greater', 'torch.gt', 'torch.greater', 'torch.Tensor.gt'),
+    "le": ('numpy.less_equal', 'torch.le', 'torch.less_equal', 'torch.Tensor.le'),
+    "ge": ('numpy.greater_equal', 'torch.ge', 'torch.greater_equal', 'torch.Tensor.ge'),
+}
 for _name, (_op, _pyop, _table) in _COMPARISONS.items():
-    define(_name, 2, c=lambda dt, a, b, _op=_op: f"(({a} {_op} {b}) ? (T)1 : (T)0)",
+    define(_name, 2, interop=_COMPARISON_FUNCTIONS[_name],
+           c=lambda dt, a, b, _op=_op: f"(({a} {_op} {b}) ? (T)1 : (T)0)",
            ref=lambda xp, t, p, _pyop=_pyop: xp.as_float(_pyop(t[0], t[1]), t[0]),
            differentiable=False, doc=f"1.0 where ``self {_op} other``, else 0.0",
            method=f"__{_name}__", example=_example2(f"x {_op} y", _table))
 
-define("floor", 1, c=_fn("floor"), ref=_np("floor"), sympy_func="floor", differentiable=False,
+define("floor", 1, interop=("numpy.floor", "torch.floor"),
+       c=_fn("floor"), ref=_np("floor"), sympy_func="floor", differentiable=False,
        keops=("Floor",), method="floor", doc="the largest integer <= a",
        example=_example("floor", (-1.5, 1.5), "[[-2.0], [1.0]]"))
-define("ceil", 1, c=_fn("ceil"), ref=_np("ceil"), sympy_func="ceiling", differentiable=False,
+define("ceil", 1, interop=("numpy.ceil", "torch.ceil"),
+       c=_fn("ceil"), ref=_np("ceil"), sympy_func="ceiling", differentiable=False,
        keops=("Ceil",), method="ceil", doc="the smallest integer >= a",
        example=_example("ceil", (-1.5, 1.5), "[[-1.0], [2.0]]"))
 define("round", 1, c=_fn("round"), differentiable=False,
@@ -365,6 +385,17 @@ define("round", 1, c=_fn("round"), differentiable=False,
        example=_example("round", (-1.5, 0.5), "[[-2.0], [1.0]]"))
 
 # ------------------------------------------------------------------ transcendental functions
+
+
+
+def _interop(name: str, np_name: str) -> tuple:
+    """The NumPy (SciPy for erf, erfc) and torch functions of a transcendental function;
+    torch spells the inverse functions both ways (``torch.asin``, ``torch.arcsin``)."""
+    numpy = f"scipy.special.{name}" if name in ("erf", "erfc") else f"numpy.{np_name}"
+    torch = (f"torch.{name}",) + ((f"torch.{np_name}",) if np_name != name else ()) + \
+        ((f"torch.special.{name}",) if name in ("erf", "erfc") else ())
+    return (numpy, *torch)
+
 
 # name (also the sympy function, the C function and the LazyTensor method), NumPy name,
 # what it is, and its doctest: two inputs, the outputs rounded
@@ -386,40 +417,49 @@ for _name, _np_name, _what, _inputs, _outputs in (
     ("erfc", "erfc", "complementary error function 1 - erf(a)", (0.0, 1.0), "[[1.0], [0.1573]]"),
 ):  # fmt: skip
     define(_name, 1, sym=_sp(_name), c=_fn(_name), ref=_np(_np_name), sympy_func=_name,
-           keops=(_name.capitalize(),), method=_name, doc=f"{_what} {_name}(a)",
+           interop=_interop(_name, _np_name), keops=(_name.capitalize(),), method=_name,
+           doc=f"{_what} {_name}(a)",
            example=_example(_name, _inputs, _outputs))
 
-define("atan2", 2, sym=_sp("atan2"), c=_fn("atan2"), ref=_np("arctan2"), sympy_func="atan2",
+define("atan2", 2, interop=("numpy.arctan2", "torch.atan2", "torch.arctan2", "torch.Tensor.atan2"),
+       sym=_sp("atan2"), c=_fn("atan2"), ref=_np("arctan2"), sympy_func="atan2",
        keops=("Atan2",), method="atan2",
        doc="atan2(self, other), the angle of the point (other, self)",
        example=_example2("y.atan2(x)", "[[0.0, 0.7854, 1.1071], [0.0, 0.4636, 0.7854]]"))
-define("tanh", 1, sym=_sp("tanh"), c=_fn("tanh"), ref=_np("tanh"), sympy_func="tanh",
+define("tanh", 1, interop=("numpy.tanh", "torch.tanh"),
+       sym=_sp("tanh"), c=_fn("tanh"), ref=_np("tanh"), sympy_func="tanh",
        derivs=lambda a: [apply("sub", _c(1), apply("square", apply("tanh", a)))],
        keops=("Tanh",), method="tanh", doc="hyperbolic tangent tanh(a)",
        example=_example("tanh", (0.0, 1.0), "[[0.0], [0.7616]]"))
-define("log1p", 1, sym=lambda a: _sp("log")(1 + a), c=_fn("log1p"), ref=_np("log1p"),
+define("log1p", 1, interop=("numpy.log1p", "torch.log1p", "torch.special.log1p"),
+       sym=lambda a: _sp("log")(1 + a), c=_fn("log1p"), ref=_np("log1p"),
        derivs=lambda a: [apply("pow", apply("add", _c(1), a), params=(-1.0,))],
        keops=("Log1p",), method="log1p", doc="log(1 + a), accurate for small a",
        example=_example("log1p", (0.0, 1.0), "[[0.0], [0.6931]]"))
-define("expm1", 1, sym=lambda a: _sp("exp")(a) - 1, c=_fn("expm1"), ref=_np("expm1"),
+define("expm1", 1, interop=("numpy.expm1", "torch.expm1", "torch.special.expm1"),
+       sym=lambda a: _sp("exp")(a) - 1, c=_fn("expm1"), ref=_np("expm1"),
        derivs=lambda a: [apply("exp", a)], keops=("Expm1",), method="expm1",
        doc="exp(a) - 1, accurate for small a",
        example=_example("expm1", (0.0, 1.0), "[[0.0], [1.7183]]"))
-define("square", 1, sym=lambda a: a * a, c=lambda dt, a: f"({a} * {a})",
+define("square", 1, interop=("numpy.square", "torch.square"),
+       sym=lambda a: a * a, c=lambda dt, a: f"({a} * {a})",
        ref=lambda xp, t, p: t[0] * t[0], derivs=lambda a: [apply("mul", _c(2), a)],
        keops=("Square",), method="square", doc="a * a",
        example=_example("square", (-2.0, 3.0), "[[4.0], [9.0]]"))
-define("inv", 1, sym=lambda a: 1 / a, c=lambda dt, a: f"((T)1 / {a})",
+define("inv", 1, interop=("numpy.reciprocal", "torch.reciprocal"),
+       sym=lambda a: 1 / a, c=lambda dt, a: f"((T)1 / {a})",
        ref=lambda xp, t, p: 1 / t[0], derivs=lambda a: [apply("neg", apply("pow", a, params=(-2.0,)))],
        keops=("Inv",), method="inv", doc="1 / a",
        example=_example("inv", (2.0, 4.0), "[[0.5], [0.25]]"))
 # As KeOps: rsqrt(0) = 0, and sqrt'(a) = rsqrt(a) / 2, so that the gradient of a distance
 # sqrt(|x - y|²) at x = y is 0 (|x - y|'s subgradient), not inf * 0 = NaN.
-define("sqrt", 1, sym=_sp("sqrt"), c=_fn("sqrt"), ref=_np("sqrt"), sympy_func="sqrt",
+define("sqrt", 1, interop=("numpy.sqrt", "torch.sqrt"),
+       sym=_sp("sqrt"), c=_fn("sqrt"), ref=_np("sqrt"), sympy_func="sqrt",
        derivs=lambda a: [apply("mul", _c(0.5), apply("rsqrt", a))], keops=("Sqrt",),
        method="sqrt", doc="square root sqrt(a) (its derivative at 0 is 0, as KeOps)",
        example=_example("sqrt", (0.0, 4.0), "[[0.0], [2.0]]"))
-define("rsqrt", 1, sym=lambda a: a ** _sp("Rational")(-1, 2),
+define("rsqrt", 1, interop=("torch.rsqrt",),
+       sym=lambda a: a ** _sp("Rational")(-1, 2),
        c=lambda dt, a: f"({a} == 0 ? (T)0 : (T)1 / {_fn('sqrt')(dt, a)})",
        ref=lambda xp, t, p: xp.where(t[0] == 0, 0 * t[0],
                                      1 / xp.sqrt(xp.where(t[0] == 0, 1 + 0 * t[0], t[0]))),
@@ -432,7 +472,8 @@ define("powf", 2, sym=lambda a, b: a ** b, c=_fn("pow"), ref=lambda xp, t, p: t[
        keops=("Powf",), method="powf",
        doc="a ** b for a formula exponent, as C pow: signed for a < 0 and integer-valued b",
        example=_example2("x.powf(y)", "[[1.0, 1.0, 1.0], [1.0, 2.0, 4.0]]"))
-define("sigmoid", 1, sym=lambda a: 1 / (1 + _sp("exp")(-a)),
+define("sigmoid", 1, interop=("scipy.special.expit", "torch.sigmoid", "torch.special.expit"),
+       sym=lambda a: 1 / (1 + _sp("exp")(-a)),
        c=lambda dt, a: f"((T)1 / ((T)1 + {_fn('exp')(dt, '-' + a)}))",
        ref=lambda xp, t, p: 1 / (1 + xp.exp(-t[0])),
        derivs=lambda a: [apply("mul", apply("sigmoid", a), apply("sub", _c(1), apply("sigmoid", a)))],
@@ -445,7 +486,8 @@ define("softplus", 1, sym=lambda a: _sp("log")(1 + _sp("exp")(a)),
        derivs=lambda a: [apply("sigmoid", a)], doc="log(1 + exp(a)), overflow-free",
        keops=("Softplus",), method="softplus",
        example=_example("softplus", (0.0, 1.0), "[[0.6931], [1.3133]]"))
-define("logsigmoid", 1, sym=lambda a: -_sp("log")(1 + _sp("exp")(-a)),
+define("logsigmoid", 1, interop=("scipy.special.log_expit", "torch.nn.functional.logsigmoid"),
+       sym=lambda a: -_sp("log")(1 + _sp("exp")(-a)),
        c=lambda dt, a: f"(-({a} < 0 ? -{a} + {_fn('log1p')(dt, _fn('exp')(dt, a))} : "
                        f"{_fn('log1p')(dt, _fn('exp')(dt, '-' + a))}))",
        ref=lambda xp, t, p: -(xp.maximum(-t[0], xp.zeros_like(t[0])) + xp.log1p(xp.exp(-xp.abs(t[0])))),

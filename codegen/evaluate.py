@@ -1,6 +1,6 @@
 """The IR evaluator: the value of a formula on arrays, through each op's reference.
 
-One walk serves every dense evaluation: the NumPy oracle (:mod:`lazytensor.reference`),
+One walk serves every dense evaluation: the NumPy oracle (:mod:`lazytensor.backends.reference.dense`),
 the references of sympy-defined elementwise ops, the gradients of min-type reductions at
 gathered pairs (in torch) and the values hoisted out of gradient kernels. Arrays have the
 vector dimension last and broadcast against each other on the leading axes.

@@ -107,7 +107,7 @@ def make(op: str, args: Iterable[Node] = (), params: Iterable = (), dim: int = 1
 
 class Interner:
     """The table of nodes and the rewrites of whole formulas, behind methods that a tracer
-    running the construction of formulas (torch dynamo, :mod:`lazytensor.torch_library`)
+    running the construction of formulas (torch dynamo, :mod:`lazytensor.integrations.torch_library`)
     calls as they are (the table's lock and hashing, walks keyed by ``id``) rather than
     tracing through them."""
 

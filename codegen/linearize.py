@@ -268,7 +268,7 @@ def split_rows(formula: ir.Node) -> RowSplit | None:
 
 
 @dataclass(frozen=True)
-class GradientPlan:
+class GradientForm:
     """A gradient Sum in the form its kernel runs fastest (see :func:`plan_gradient_sum`):
     the ``formula`` the kernel sums, reading the ``hoisted`` values (j-only, computed once
     per j before the kernel) as j-variables numbered from ``n_vars``; and the row terms
@@ -279,7 +279,7 @@ class GradientPlan:
     split: RowSplit | None
 
 
-def plan_gradient_sum(formula: ir.Node, n_vars: int) -> GradientPlan:
+def plan_gradient_sum(formula: ir.Node, n_vars: int) -> GradientForm:
     """The structure of a gradient formula, worked out once per formula (no arrays).
 
     ``⟨g_j, v_i - out_j⟩`` is first written ``⟨g_j, v_i⟩ - ⟨g_j, out_j⟩``; then narrow
@@ -318,4 +318,4 @@ def plan_gradient_sum(formula: ir.Node, n_vars: int) -> GradientPlan:
     if hoisted:
         formula = ir.substitute(formula, {n: ir.var(n_vars + k, n.dim, "j")
                                           for k, n in enumerate(hoisted)})
-    return GradientPlan(formula, tuple(hoisted), split_rows(formula))
+    return GradientForm(formula, tuple(hoisted), split_rows(formula))

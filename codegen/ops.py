@@ -39,7 +39,9 @@ class OpDef:
     static parameters); ``method`` is the ``LazyTensor`` method that builds it. ``doc``
     says what the op computes (one line) and ``example`` is a doctest of ``method`` (``>>>``
     lines and their output; ``np``, ``Vi``, ``Vj`` and ``Pm`` in scope): a method without
-    a docstring of its own takes both as its docstring.
+    a docstring of its own takes both as its docstring. ``interop`` names the NumPy, SciPy
+    and torch functions that apply the op elementwise (``"numpy.exp"``, ``"torch.exp"``):
+    called on LazyTensors, they build it (:mod:`lazytensor.interop.table`).
 
     Elementwise scalar functions also keep their definition: ``sym(a0, ..., *params)``
     (sympy expression), ``c(dtype, a0, ..., *params)`` (C text, when the printed sympy
@@ -64,6 +66,7 @@ class OpDef:
     c: Optional[Callable] = None
     partials: Optional[Callable] = None
     example: str = ""
+    interop: tuple = ()
 
 
 REGISTRY: dict[str, OpDef] = {}

@@ -1,7 +1,7 @@
 """Tangent formulas of a fused (dual) forward, in the form that costs least per pair.
 
 Dual mode sums ``concat(F, ∂F/∂v_1, ..., ∂F/∂v_k)`` over j, one tangent per component of
-each dual input (:mod:`lazytensor.dual`). Taken as they come out of the JVP rules, the
+each dual input (:mod:`lazytensor.autodiff.dual`). Taken as they come out of the JVP rules, the
 tangents of a basis direction ``e_c`` carry the one-hot vector through the whole formula
 (``Σ_k (x - y)_k [0,1,0]_k``: a product and a sum over the vector for one component), and
 repeat products the forward already formed. :func:`fused_tangents` returns instead:

@@ -1,7 +1,7 @@
 """Sphinx configuration of the API reference (``make docs``), built from the docstrings.
 
 Broken references are errors (``-W -n``): a reference to a name that does not exist, in
-lazytensor (``:func:`lazytensor.solve.solve```, or a name relative to the module the
+lazytensor (``:func:`lazytensor.api.solve.solve```, or a name relative to the module the
 docstring is in), fails the build. A reference to a lazytensor name that exists but has
 no page of its own (an internal module or class) is rendered as plain text. Names of other
 libraries (numpy, torch, the standard library) are not checked: no inventory of theirs is

@@ -78,7 +78,8 @@ def main(argv=None) -> int:
 def _run(args) -> int:
     import torch
 
-    from lazytensor import Vi, Vj, runtime
+    from lazytensor import Vi, Vj
+    from lazytensor.backends.cpu import runtime
 
     N = M = args.n
     sigma2 = args.sigma ** 2

@@ -49,12 +49,13 @@ if not os.path.isdir(os.path.join(_root, "lazytensor", "codegen")) and not any(
 
 # public name -> module that defines it
 _EXPORTS = {
-    "LazyTensor": "lazy", "ComplexLazyTensor": "lazy", "Vi": "lazy", "Vj": "lazy", "Pm": "lazy",
-    "Genred": "genred", "generic_sum": "genred", "generic_logsumexp": "genred",
-    "generic_argmin": "genred", "generic_argkmin": "genred",
-    "KernelSolve": "solve",
-    "elementwise": "custom",
-    "set_default_grad_mode": "options",
+    "LazyTensor": "api.lazy", "ComplexLazyTensor": "api.lazy", "Vi": "api.lazy",
+    "Vj": "api.lazy", "Pm": "api.lazy",
+    "Genred": "api.genred", "generic_sum": "api.genred", "generic_logsumexp": "api.genred",
+    "generic_argmin": "api.genred", "generic_argkmin": "api.genred",
+    "KernelSolve": "api.solve",
+    "elementwise": "api.custom",
+    "set_default_grad_mode": "core.options",
 }
 
 __all__ = ["ComplexLazyTensor", "LazyTensor", "Pm", "Vi", "Vj", "__version__", "Genred", "KernelSolve",

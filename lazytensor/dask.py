@@ -6,7 +6,7 @@ side (``x_i`` for ``dim=1``); the reduced side (``y_j``) is broadcast whole when
 chunk (or a NumPy array), and otherwise each of its row chunks meets each output chunk
 in its own task. Every task runs our kernel on its two chunks (compiled once per worker
 process: the kernel cache on disk is shared by the processes that share its directory)
-and returns the packed partial state of its block (:mod:`lazytensor.merge`, global
+and returns the packed partial state of its block (:mod:`lazytensor.scale.merge`, global
 indices); Dask's tree reduction merges the states of each output chunk, and a last task
 per chunk turns them into the outputs. Results equal one process's (sums to rounding),
 on the threaded, process and ``dask.distributed`` schedulers alike.
@@ -29,10 +29,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import blocks, merge
-from .binding import Variable
 from .codegen import ir, reductions
-from .options import reduction_options
+from .core.binding import Variable
+from .core.options import reduction_options
+from .scale import blocks, merge
 
 
 def _dask_array():
@@ -45,7 +45,7 @@ def _dask_array():
 
 
 @dataclass(frozen=True)
-class TaskPlan:
+class TaskSpec:
     """What every task needs (pickled to the workers): the formula and which argument
     (or fixed parameter) each of its variables reads."""
 
@@ -92,7 +92,7 @@ def unpack(name: str, packed: np.ndarray, opts: dict, dim: int, dtype) -> tuple:
     return tuple(out)
 
 
-def _partial_task(plan: TaskPlan, offset, *chunks):
+def _partial_task(plan: TaskSpec, offset, *chunks):
     """The packed state ``(n, 1, width)`` of one output chunk against one reduced chunk."""
     order = plan.out_args + plan.red_args + plan.par_args
     arrays = dict(zip(order, chunks))
@@ -105,7 +105,7 @@ def _partial_task(plan: TaskPlan, offset, *chunks):
     return pack(plan.reduction, state, plan.options, plan.formula.dim)[:, None, :]
 
 
-def _merge_task(plan: TaskPlan, packed, axis=None, keepdims=False):
+def _merge_task(plan: TaskSpec, packed, axis=None, keepdims=False):
     """Merge the states along axis 1 of ``packed`` (Dask's combine and aggregate)."""
     opts, dim = plan.options, plan.formula.dim
     states = [unpack(plan.reduction, packed[:, k], opts, dim, plan.dtype)
@@ -118,7 +118,7 @@ def _keep(packed, axis=None, keepdims=True):
     return packed
 
 
-def _finalize_task(plan: TaskPlan, which: int, packed):
+def _finalize_task(plan: TaskSpec, which: int, packed):
     state = unpack(plan.reduction, packed, plan.options, plan.formula.dim, plan.dtype)
     return merge.finalize(plan.reduction, state, plan.options, plan.dtype)[which]
 
@@ -199,7 +199,7 @@ def reduce(formula, *args, reduction: str = "sum", dim: int = 1, K: int | None =
             chunks[1] = -1
         arrays[k] = arrays[k].rechunk(chunks)
     dtype = str(np.result_type(*[arrays[k].dtype for k in used]))
-    plan = TaskPlan(built.formula, tuple(sources), tuple(v.cat for v in built.variables),
+    plan = TaskSpec(built.formula, tuple(sources), tuple(v.cat for v in built.variables),
                     tuple(v.dim for v in built.variables), red.name, dim,
                     tuple(sorted(opts.items())), backend, dtype, out_args, red_args, par_args)
     total = arrays[red_args[0]].shape[0]
@@ -231,4 +231,4 @@ def reduce(formula, *args, reduction: str = "sum", dim: int = 1, K: int | None =
     return results[0] if len(results) == 1 else results
 
 
-__all__ = ["TaskPlan", "pack", "reduce", "unpack"]
+__all__ = ["TaskSpec", "pack", "reduce", "unpack"]

@@ -9,11 +9,11 @@ changing the import. ``lazytensor.torch.cluster`` stands for ``pykeops.torch.clu
 
 import sys
 
-from . import cluster
-from .custom import elementwise
-from .genred import Genred, generic_argkmin, generic_argmin, generic_logsumexp, generic_sum
-from .lazy import ComplexLazyTensor, LazyTensor, Pm, Vi, Vj
-from .solve import KernelSolve
+from .api.custom import elementwise
+from .api.genred import Genred, generic_argkmin, generic_argmin, generic_logsumexp, generic_sum
+from .api.lazy import ComplexLazyTensor, LazyTensor, Pm, Vi, Vj
+from .api.solve import KernelSolve
+from .scale import cluster
 
 __all__ = ["ComplexLazyTensor", "Genred", "KernelSolve", "LazyTensor", "Pm", "Vi", "Vj", "elementwise",
            "generic_argkmin", "generic_argmin", "generic_logsumexp", "generic_sum"]

@@ -322,6 +322,6 @@ def clustered_pattern(rng, N, M, C=8):
     rj = np.stack([np.r_[0, cj], np.r_[cj, M]], 1)
     keep = rng.random((C, C)) < 0.4
     mask = np.repeat(np.repeat(keep, np.diff(ri, 1)[:, 0], 0), np.diff(rj, 1)[:, 0], 1)
-    from lazytensor.cluster import from_matrix
+    from lazytensor.scale.cluster import from_matrix
 
     return from_matrix(ri, rj, keep), mask

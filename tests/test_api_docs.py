@@ -2,7 +2,7 @@
 
 Every public ``LazyTensor`` method and property, every name of ``lazytensor.__all__``, every
 registered reduction and every op record that names a ``LazyTensor`` method (whose
-docstring it gives, see :mod:`lazytensor.method_docs`) has a docstring with a ``>>>``
+docstring it gives, see :mod:`lazytensor.api.method_docs`) has a docstring with a ``>>>``
 example; ``tests/test_doctests.py`` runs those examples. Public methods and functions
 annotate every parameter and their return value.
 """

@@ -64,7 +64,7 @@ def kept_fractions(monkeypatch):
     """The fraction of the (i, j) pairs that each block-sparse reduction visits."""
     import numpy as np
 
-    from lazytensor import ranges as ranges_mod
+    from lazytensor.scale import ranges as ranges_mod
 
     fractions, reduce = [], ranges_mod.reduce
 
@@ -212,7 +212,7 @@ def test_gpytorch_keops_kernels_fit_like_the_dense_kernels(clients, kernel, rng,
         nu = float(kernel[6:])
         pair = keops.MaternKernel(nu=nu), dense.MaternKernel(nu=nu)
     # the KeOps path really runs: K @ v of the KeOps kernel is a lazytensor reduction
-    from lazytensor import engine
+    from lazytensor.engine import plans as engine
 
     calls, reduce = [], engine.reduce
     monkeypatch.setattr(engine, "reduce", lambda *a, **k: calls.append(a[2]) or reduce(*a, **k))

@@ -50,13 +50,13 @@ def test_pykeops_names_are_lazytensor_objects(installed):
     from pykeops.torch.operations import KernelSolve as KernelSolve2
 
     import lazytensor
-    import lazytensor.cluster
+    import lazytensor.scale.cluster
 
     assert pykeops.torch.LazyTensor is lazytensor.LazyTensor
     assert pykeops.numpy.Vi is lazytensor.Vi and TorchGenred is lazytensor.Genred
     assert KernelSolve is KernelSolve2 is lazytensor.KernelSolve
     assert generic_logsumexp is lazytensor.generic_logsumexp
-    assert np_grid_cluster is lazytensor.cluster.grid_cluster
+    assert np_grid_cluster is lazytensor.scale.cluster.grid_cluster
     assert pykeops.__version__ == "2.3" and pykeops.torch is sys.modules["pykeops.torch"]
     assert isinstance(pykeops.config.gpu_available, bool)
     assert pykeops.config.gpu_available == torch.cuda.is_available()

@@ -309,9 +309,9 @@ def test_cxx_naming_nothing_runnable_is_refused_not_replaced(use_cxx, cxx: str):
         ((-Vi(X).sqdist(Vj(Y))).exp() * unique()).sum(dim=1, backend="cpu")
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        from lazytensor import engine
+        from lazytensor.core import backend
 
-        engine._warned_fallback = False
+        backend._warned_fallback = False
         c = unique()
         got = ((-Vi(X).sqdist(Vj(Y))).exp() * c).sum(dim=1)  # auto: the reference, loudly
     assert any("$CXX" in str(w.message) and "falling back" in str(w.message) for w in seen)

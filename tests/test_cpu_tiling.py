@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from lazytensor.codegen import compilers
 
-from lazytensor import LazyTensor, Vi, Vj, runtime
+from lazytensor import LazyTensor, Vi, Vj
+from lazytensor.backends.cpu import runtime
 
 pytestmark = pytest.mark.skipif(not compilers.cpu_compiler().available, reason="no C++ compiler")
 

@@ -76,7 +76,7 @@ def module(_gpu_device):
         pytest.skip("emulator self-tests")
     from lazytensor.codegen.cuda.nvcc import compile_cuda
 
-    from lazytensor.cuda import driver
+    from lazytensor.backends.cuda import driver
 
     with tempfile.TemporaryDirectory() as tmp:
         image = compile_cuda(SOURCE, Path(tmp), "sm_90", "demo").read_bytes()
@@ -88,7 +88,7 @@ def module(_gpu_device):
 
 
 def _launch(emu, module, name, grid, block, x, out_size, variant, smem=0):
-    from lazytensor.cuda import driver
+    from lazytensor.backends.cuda import driver
 
     drv = driver.pycuda_driver()
     emu.clear_failures()

@@ -10,17 +10,18 @@ import sys
 import pytest
 from lazytensor.codegen.cuda.render import MAX_BATCH_DIMS, args_fields
 
-from lazytensor import engine
-from lazytensor.cuda import launch
-from lazytensor.cuda.driver import DeviceInfo
-from lazytensor.cuda.kernels import occupancy_threads
+from lazytensor.backends.cuda import launch
+from lazytensor.backends.cuda.driver import DeviceInfo
+from lazytensor.backends.cuda.loader import occupancy_threads
+from lazytensor.core import backend
+from lazytensor.core.batch import batch_layout
 
 
 def test_batch_layout_merges_and_drops_dims():
     shapes = [(2, 3, 4, 5, 3), (2, 3, 4, 7, 3), (1, 1, 1, 3)]
-    bshape, vbs = launch.batch_layout(shapes, ["i", "j", "p"], (2, 3, 4))
+    bshape, vbs = batch_layout(shapes, ["i", "j", "p"], (2, 3, 4))
     assert bshape == [24] and vbs == [[15], [21], [0]]
-    bshape, vbs = launch.batch_layout([(2, 1, 4, 5, 3)], ["i"], (2, 1, 4))
+    bshape, vbs = batch_layout([(2, 1, 4, 5, 3)], ["i"], (2, 1, 4))
     assert bshape == [8] and vbs == [[15]]
 
 
@@ -30,8 +31,8 @@ def test_batch_layout_too_many_dims():
     a = tuple(2 if k % 2 else 1 for k in range(n)) + (5, 1)
     b = tuple(1 if k % 2 else 2 for k in range(n)) + (5, 1)
     with pytest.raises(ValueError, match="batch dimensions"):
-        launch.batch_layout([a, b], ["i", "j"], (2,) * n)
-    bshape, _ = launch.batch_layout([a, b], ["i", "i"], (2,) * (n - 1) + (1,))
+        batch_layout([a, b], ["i", "j"], (2,) * n, MAX_BATCH_DIMS)
+    bshape, _ = batch_layout([a, b], ["i", "i"], (2,) * (n - 1) + (1,), MAX_BATCH_DIMS)
     assert len(bshape) == n - 1
 
 
@@ -109,18 +110,18 @@ def test_block_size_shrinks_when_shared_memory_grows_with_threads():
 
 
 def test_resolve_backend_for_cuda_tensors_and_numpy_on_the_gpu():
-    assert engine._resolve_backend("auto", "cuda:0") == "cuda"
-    assert engine._resolve_backend("cuda", "cuda:1") == "cuda"
-    assert engine._resolve_backend("gpu", "cuda:1") == "cuda"
-    assert engine._resolve_backend("numpy", "cuda:0") == "numpy"
-    assert engine._resolve_backend("cuda", "cpu", "numpy") == "cuda"  # copied to the GPU
-    assert engine._resolve_backend("cuda:1", "cpu", "numpy") == "cuda"
+    assert backend.resolve("auto", "cuda:0") == "cuda"
+    assert backend.resolve("cuda", "cuda:1") == "cuda"
+    assert backend.resolve("gpu", "cuda:1") == "cuda"
+    assert backend.resolve("numpy", "cuda:0") == "numpy"
+    assert backend.resolve("cuda", "cpu", "numpy") == "cuda"  # copied to the GPU
+    assert backend.resolve("cuda:1", "cpu", "numpy") == "cuda"
     with pytest.raises(ValueError, match="backend='cpu'"):
-        engine._resolve_backend("cpu", "cuda:0")
+        backend.resolve("cpu", "cuda:0")
     with pytest.raises(ValueError, match="needs torch CUDA tensors"):
-        engine._resolve_backend("cuda", "cpu")
+        backend.resolve("cuda", "cpu")
     with pytest.raises(ValueError, match="unknown backend"):
-        engine._resolve_backend("cuda:x", "cpu", "numpy")
+        backend.resolve("cuda:x", "cpu", "numpy")
 
 
 def test_importing_lazytensor_loads_no_cuda_module():

@@ -23,8 +23,13 @@ from conftest import (
 )
 
 from lazytensor import LazyTensor, Vi, Vj
-from lazytensor.cluster import cluster_ranges_centroids, from_matrix, grid_cluster, sort_clusters
-from lazytensor.ranges import BlockRanges
+from lazytensor.scale.cluster import (
+    cluster_ranges_centroids,
+    from_matrix,
+    grid_cluster,
+    sort_clusters,
+)
+from lazytensor.scale.ranges import BlockRanges
 
 pytestmark = [pytest.mark.cuda]
 
@@ -103,7 +108,7 @@ def test_sums_and_kmin_against_dense_float64(gpu, rng):
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
 def test_max_sumshiftexp_with_ranges(gpu, dtype, rng):
     """The row pass of log-sum-exp gradients (max and sum of shifted exponentials)."""
-    from lazytensor import ranges as ranges_module
+    from lazytensor.scale import ranges as ranges_module
 
     N, M = 200, 50
     x, y, _ = _data(rng, N, M, dtype)

@@ -17,7 +17,8 @@ import torch
 from conftest import GPU_REDUCTIONS, assert_gpu_close, gpu_reduction
 
 from lazytensor import LazyTensor, Vi, Vj
-from lazytensor.cuda import kernels, streams
+from lazytensor.backends.cuda import loader as kernels
+from lazytensor.backends.cuda import streams
 
 pytestmark = [pytest.mark.cuda]
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from lazytensor import LazyTensor, Pm, Vi, Vj, materialize
+from lazytensor import LazyTensor, Pm, Vi, Vj
+from lazytensor.api import materialize
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

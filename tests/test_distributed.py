@@ -276,7 +276,8 @@ def test_four_uneven_ranks_match_one_process(rng):
 
 def _faults(rank, world, report):
     import lazytensor.distributed as ltd
-    from lazytensor import Vi, Vj, blocks
+    from lazytensor import Vi, Vj
+    from lazytensor.scale import blocks
 
     rng = np.random.default_rng(7)
     x, y = rng.random((10, 3)), rng.random((12, 3))
@@ -340,7 +341,8 @@ def _faults(rank, world, report):
 
 def _dying(rank, world, report):
     import lazytensor.distributed as ltd
-    from lazytensor import Vi, Vj, blocks
+    from lazytensor import Vi, Vj
+    from lazytensor.scale import blocks
 
     x, y = np.random.rand(10, 3), np.random.rand(12, 3)
     if rank == 1:

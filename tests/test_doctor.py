@@ -13,7 +13,8 @@ import sys
 import pytest
 from lazytensor.cache import KernelCache
 
-from lazytensor import doctor
+from lazytensor.backends.cpu import doctor as cpu_doctor
+from lazytensor.cli import doctor
 
 needs_cxx = pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
                                reason="no C++ compiler on this machine")
@@ -115,7 +116,7 @@ def test_no_compiler_fails_with_the_fix(tmp_path):
 
 def test_cxx_naming_nothing_runnable_fails_and_says_so(monkeypatch, tmp_path):
     monkeypatch.setenv("CXX", str(tmp_path / "missing-c++"))
-    check, compiler = doctor.check_compiler()
+    check, compiler = cpu_doctor.check_compiler()
     assert compiler is None and check.status == "fail"
     assert "$CXX" in check.detail and "missing-c++" in check.detail
     assert check.fix == "fix or unset $CXX"
@@ -124,7 +125,7 @@ def test_cxx_naming_nothing_runnable_fails_and_says_so(monkeypatch, tmp_path):
 @pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ on this machine")
 def test_cxx_as_a_command_is_reported_as_given(monkeypatch):
     monkeypatch.setenv("CXX", "g++ -Wall")
-    check, compiler = doctor.check_compiler()
+    check, compiler = cpu_doctor.check_compiler()
     assert check.status == "ok" and compiler is not None
     assert check.detail.startswith(shlex.join([shutil.which("g++"), "-Wall"]) + " ($CXX) (")
 

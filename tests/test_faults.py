@@ -3,7 +3,7 @@ corrupted cache entries.
 
 Each test that compiles uses a formula no other run has built (a random integer constant
 baked into the kernel) and a cache directory of its own. The in-process kernel table
-(``lazytensor.runtime._table``) hides the disk cache from a process that has already
+(``lazytensor.backends.cpu.runtime._table``) hides the disk cache from a process that has already
 loaded a kernel, so cross-process behaviour is tested in subprocesses.
 """
 
@@ -25,7 +25,8 @@ from lazytensor.cache import KernelCache
 from lazytensor.codegen import compilers
 from lazytensor.codegen.compilers import CompileError
 
-from lazytensor import Vi, Vj, engine
+from lazytensor import Vi, Vj
+from lazytensor.core import backend as backends
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -168,7 +169,7 @@ def no_compiler(monkeypatch):
     missing = compilers.CpuCompiler("/nonexistent/bin/c++")
     assert not missing.available
     monkeypatch.setattr(compilers, "cpu_compiler", lambda: missing)
-    monkeypatch.setattr(engine, "_warned_fallback", False)
+    monkeypatch.setattr(backends, "_warned_fallback", False)
 
 
 def test_missing_compiler_backend_cpu_is_a_clear_error(no_compiler, fresh_cache):

@@ -28,7 +28,8 @@ from lazytensor.codegen.cpu.stack import cpu_kernel_memory
 from lazytensor.codegen.footprint import MAX_NODE_DIM, FormulaTooLarge
 from lazytensor.codegen.render_c import VarSpec
 
-from lazytensor import Genred, Vi, Vj, runtime
+from lazytensor import Genred, Vi, Vj
+from lazytensor.backends.cpu import runtime
 
 needs_compiler = pytest.mark.skipif(not cpu_compiler().available, reason="no C++ compiler")
 pytestmark = needs_compiler

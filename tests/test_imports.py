@@ -5,9 +5,15 @@ inside functions alike (parsed with ``ast``, nothing is imported). ``codegen``
 (``lazytensor.codegen``) and ``cache`` (``lazytensor.cache``) import neither the rest of
 ``lazytensor`` nor each other; ``lazytensor`` is where they meet.
 
-Imports by name (``importlib.import_module(f"{__package__}.x")``) are edges too, kept
+Inside ``lazytensor/``, folders are layers (``LAYERS``, lowest first): a module imports
+only modules of its own layer or of the layers below it, and the backends' folders
+import none of each other. At most ``MAX_TOP_MODULES`` modules sit directly in
+``lazytensor/``; every folder there has its layer.
+
+Imports by name (``importlib.import_module(".x", __package__)``) are edges too, kept
 apart as *late* edges: each must be listed in ``LATE_EDGES`` with its reason, so a new
-one (a cycle hidden from the graph) fails the test until it is justified.
+one (a cycle hidden from the graph, or an edge up the layers) fails the test until it is
+justified.
 """
 
 from __future__ import annotations
@@ -20,13 +26,32 @@ PACKAGES = {"lazytensor": ROOT / "lazytensor", "lazytensor.codegen": ROOT / "cod
             "lazytensor.cache": ROOT / "cache"}
 
 
+# The layers of lazytensor/, lowest first: folders (and the modules directly in
+# lazytensor/ that belong to a layer); "" is the package's own __init__.
+LAYERS = (
+    ("", "errors", "lazy_exports"),  # the public names (loaded by name on first use), errors
+    ("core",),  # binding, options, the call, kernels and the backend protocol
+    ("backends",),  # one folder per backend: cpu, cuda, reference
+    ("autodiff",),  # autograd, dual numbers, torch.func rules
+    ("engine",),  # plans: prepare once, run per call
+    ("scale", "distributed", "dask"),  # ranges, blocks and merges; process groups, Dask
+    ("api",),  # LazyTensor, Genred, solve, user functions
+    ("interop",),  # NumPy's and torch's protocols
+    ("integrations", "compat"),  # the torch.library op, the pykeops alias
+    ("cli",),  # python -m lazytensor
+    ("numpy", "torch", "cuda", "__main__"),  # pykeops-style entry points, the CUDA helpers
+)
+MAX_TOP_MODULES = 15
+
 # late edges (module loads module by name on first use): why each is there
 LATE_EDGES = {
-    ("lazytensor.lazy", "lazytensor.interop"):
+    ("lazytensor.api.lazy", "lazytensor.interop.protocols"):
         "interop's rules subclass LazyTensor: lazy names interop instead of importing it",
-    ("lazytensor.engine", "lazytensor.torch_library"):
+    ("lazytensor.engine.plans", "lazytensor.integrations.torch_library"):
         "the torch.library op runs plans and LazyTensor's interop table: the engine, LazyTensor "
         "and Genred reach it through engine.torch_library() under torch.compile/export",
+    ("lazytensor.core.backend", "lazytensor.backends"):
+        "the registry finds the backends by their folders: calls ask it for a backend by name",
 }
 
 
@@ -58,7 +83,16 @@ def _by_name(node: ast.AST, name: str, package: str) -> str | None:
         return None
     arg = node.args[0]
     if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
-        return arg.value
+        if not arg.value.startswith("."):
+            return arg.value
+        if len(node.args) < 2 or not (isinstance(node.args[1], ast.Name)
+                                      and node.args[1].id == "__package__"):
+            return None
+        level = len(arg.value) - len(arg.value.lstrip("."))
+        base = package
+        for _ in range(level - 1):
+            base = base.rpartition(".")[0]
+        return f"{base}.{arg.value[level:]}" if arg.value[level:] else base
     if not isinstance(arg, ast.JoinedStr):
         return None
     text = []
@@ -167,7 +201,7 @@ def test_the_graph_sees_the_imports():
     assert "lazytensor.codegen.ops" in graph["lazytensor.codegen.elementwise"]
     assert "lazytensor.codegen.cpu.plan" in graph["lazytensor.codegen.cpu.kernel"]
     assert "lazytensor.codegen.reductions.base" in graph["lazytensor.codegen.reductions.lse"]
-    assert "lazytensor.cache" in graph["lazytensor.kernels"]  # a function-level import
+    assert "lazytensor.cache" in graph["lazytensor.core.kernels"]  # a function-level import
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
@@ -194,7 +228,57 @@ def test_imports_by_name_are_the_listed_late_edges():
     assert found == set(LATE_EDGES), (
         f"imports by name not listed in LATE_EDGES: {sorted(found - set(LATE_EDGES))}; "
         f"listed but gone: {sorted(set(LATE_EDGES) - found)}")
-    # a late edge is there to break a cycle: as a plain import it would close one
+    # a late edge is there to break a cycle or to reach up the layers: as a plain import
+    # it would close a cycle, or point upward
     graph = import_graph()
     for a, b in found:
-        assert _cycles({**graph, a: graph[a] | {b}}), f"{a} -> {b} can be a plain import"
+        upward = (_layer(a) or 0) < (_layer(b) or 0)
+        assert upward or _cycles({**graph, a: graph[a] | {b}}), f"{a} -> {b} can be a plain import"
+
+
+def _layer(name: str) -> int | None:
+    """The layer of a module of lazytensor/ (None: codegen, cache, or not in a layer)."""
+    if _inside(name, "lazytensor.codegen") or _inside(name, "lazytensor.cache"):
+        return None
+    head = name.split(".")[1] if "." in name else ""
+    for k, members in enumerate(LAYERS):
+        if head in members:
+            return k
+    raise AssertionError(f"{name}: lazytensor/{head} is in no layer of LAYERS")
+
+
+def test_layers_are_imported_downward_only():
+    late = set(LATE_EDGES)
+    bad = []
+    for name, edges in import_graph().items():
+        own = _layer(name)
+        if own is None:
+            continue
+        for e in edges:
+            up = _layer(e)
+            if up is not None and up > own and (name, e) not in late:
+                bad.append(f"{name} (layer {LAYERS[own][0] or 'lazytensor'}) imports {e} "
+                           f"(layer {LAYERS[up][0]})")
+    assert not bad, bad
+
+
+def test_backends_do_not_import_each_other():
+    bad = []
+    for name, edges in import_graph().items():
+        if not _inside(name, "lazytensor.backends") or name == "lazytensor.backends":
+            continue
+        folder = ".".join(name.split(".")[:3])
+        for e in edges:
+            if _inside(e, "lazytensor.backends") and e != "lazytensor.backends" \
+                    and not _inside(e, folder):
+                bad.append(f"{name} imports {e}")
+    assert not bad, bad
+
+
+def test_every_folder_has_its_layer_and_few_modules_sit_at_the_top():
+    root = PACKAGES["lazytensor"]
+    names = {m for layer in LAYERS for m in layer}
+    folders = [p.name for p in root.iterdir() if (p / "__init__.py").exists()]
+    assert sorted(f for f in folders if f not in names) == []
+    top = [p.stem for p in root.glob("*.py") if p.stem != "__init__"]
+    assert len(top) <= MAX_TOP_MODULES, sorted(top)

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from lazytensor import interrupt
+from lazytensor.core import interrupt
 
 CHILD = textwrap.dedent("""
     import os, signal, sys, time, torch

@@ -1,12 +1,14 @@
-"""Merging partial reductions of j-blocks (lazytensor.merge, lazytensor.blocks) against
+"""Merging partial reductions of j-blocks (lazytensor.scale.merge, lazytensor.scale.blocks) against
 one reduction over all of j: values to rounding, indices exact, gradients too."""
 
 import numpy as np
 import pytest
 import torch
 
-from lazytensor import Vi, Vj, blocks, engine, merge
+from lazytensor import Vi, Vj
 from lazytensor import dask as ltdask
+from lazytensor.engine import plans as engine
+from lazytensor.scale import blocks, merge
 
 
 def random_bounds(rng, M, nblocks):

@@ -27,8 +27,8 @@ from lazytensor.codegen.compilers import CompileError, cpu_compiler
 from lazytensor.codegen.elementwise import ELEMENTWISE
 from lazytensor.codegen.evaluate import evaluate
 
-from lazytensor import engine
-from lazytensor.binding import Variable
+from lazytensor.core.binding import Variable
+from lazytensor.engine import plans as engine
 
 A = ops.apply
 C = ir.const
@@ -210,7 +210,7 @@ def _concat(parts):
 
 
 def _builtin_ops():
-    """Registered ops, less those users define at run time (``lazytensor.custom``)."""
+    """Registered ops, less those users define at run time (``lazytensor.api.custom``)."""
     return {n for n, d in ops.REGISTRY.items() if not d.doc.startswith("user-defined")}
 
 

@@ -18,7 +18,8 @@ import pytest
 import torch
 from lazytensor.codegen.compilers import cpu_compiler
 
-from lazytensor import Pm, Vi, Vj, engine
+from lazytensor import Pm, Vi, Vj
+from lazytensor.engine import plans as engine
 
 pytestmark = pytest.mark.skipif(not cpu_compiler().available, reason="no C++ compiler")
 

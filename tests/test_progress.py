@@ -11,7 +11,8 @@ import warnings
 import numpy as np
 import pytest
 
-from lazytensor import KernelSolve, Vi, Vj, progress
+from lazytensor import KernelSolve, Vi, Vj
+from lazytensor.core import progress
 
 
 def _system(rng, n=300):
@@ -102,7 +103,7 @@ def test_fast_compiles_are_debug_only(caplog):
 _CHILD = """
 import logging, sys
 import numpy as np
-import lazytensor.progress as progress
+import lazytensor.core.progress as progress
 progress.SLOW_COMPILE_S = 0.0
 if sys.argv[1] == "configured":
     logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="app: %(message)s")

@@ -26,8 +26,9 @@ from hypothesis import HealthCheck, assume, given, note, settings
 from hypothesis import strategies as st
 from lazytensor.codegen import arraymath, ops
 
-from lazytensor import LazyTensor, Vi, Vj, reference
-from lazytensor import custom as custom_ops
+from lazytensor import LazyTensor, Vi, Vj
+from lazytensor.api import custom as custom_ops
+from lazytensor.backends.reference import dense as reference
 
 _LOCAL = os.environ.get("LAZYTENSOR_HYPOTHESIS_EXAMPLES")
 _COMMON = {

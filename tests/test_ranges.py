@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from lazytensor import Genred, LazyTensor, Vi, Vj
-from lazytensor.cluster import (
+from lazytensor.scale.cluster import (
     cluster_centroids,
     cluster_ranges,
     cluster_ranges_centroids,

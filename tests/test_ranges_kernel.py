@@ -10,8 +10,8 @@ import pytest
 from conftest import clustered_pattern, expected, random_ranges
 
 from lazytensor import LazyTensor, Vi, Vj
-from lazytensor.cluster import from_matrix
-from lazytensor.ranges import BlockRanges
+from lazytensor.scale.cluster import from_matrix
+from lazytensor.scale.ranges import BlockRanges
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

@@ -14,7 +14,8 @@ import pytest
 import torch
 from lazytensor.codegen import reductions
 
-from lazytensor import Vi, Vj, reference
+from lazytensor import Vi, Vj
+from lazytensor.backends.reference import dense as reference
 
 ALL = [r.name for r in reductions.all_reductions()]
 

@@ -9,7 +9,7 @@ import scipy.sparse.linalg as sla
 import torch
 
 from lazytensor import KernelSolve, LazyTensor, Vi, Vj
-from lazytensor.solve import solve
+from lazytensor.api.solve import solve
 
 N = 40
 

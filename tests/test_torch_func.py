@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.autograd.forward_ad as fwAD
 
-import lazytensor.autograd
+import lazytensor.autodiff.autograd
 from lazytensor import LazyTensor, Vi, Vj
 
 func = torch.func
@@ -185,13 +185,13 @@ def test_nested_vmap_and_in_dims_out_dims(rng):
 def test_vmap_runs_one_kernel_for_the_whole_batch(rng, monkeypatch):
     x, y, b = tensors(rng, (7, 5, 2), (6, 2), (6, 1))
     calls = []
-    real = lazytensor.autograd.execute
+    real = lazytensor.autodiff.autograd.execute
 
     def counting(call, arrays, ranges=None):
         calls.append(call.batch)
         return real(call, arrays, ranges)
 
-    monkeypatch.setattr(lazytensor.autograd, "execute", counting)
+    monkeypatch.setattr(lazytensor.autodiff.autograd, "execute", counting)
     out = func.vmap(lambda x: (-Vi(x).sqdist(Vj(y))).exp().sum(dim=1))(x)
     assert calls == [(7,)]
     ref = (-((x[:, :, None] - y) ** 2).sum(-1)).exp().sum(-1, keepdim=True)

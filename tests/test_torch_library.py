@@ -14,7 +14,8 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from lazytensor import Genred, LazyTensor, Vi, Vj, torch_library
+from lazytensor import Genred, LazyTensor, Vi, Vj
+from lazytensor.integrations import torch_library
 
 GAUSS = Genred("Exp(-SqDist(x, y) * g) * b", ["x = Vi(3)", "y = Vj(3)", "b = Vj(2)", "g = Pm(1)"],
                "Sum", axis=1)
@@ -185,7 +186,7 @@ def test_ambiguous_matmul_under_compile_is_refused(rng):
 
 
 def test_unsupported_under_compile_raises_clearly(rng):
-    from lazytensor.ranges import BlockRanges  # noqa: F401  (ranges exist, refused here)
+    from lazytensor.scale.ranges import BlockRanges  # noqa: F401  (ranges exist, refused here)
 
     x, y, b = _inputs(rng, torch.float32)
 

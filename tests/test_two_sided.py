@@ -1,4 +1,4 @@
-"""Both sides of a backward in one CPU kernel (lazytensor.twosided, codegen.cpu.twosided),
+"""Both sides of a backward in one CPU kernel (lazytensor.backends.cpu.backward, codegen.cpu.twosided),
 against float64 NumPy: the Gaussian kernel product's gradients in x, y and σ, a K @ V
 gradient with two dot products, batches, thread counts, several spans of columns."""
 
@@ -11,7 +11,7 @@ from lazytensor.codegen import ir, ops
 from lazytensor.codegen.cpu.twosided import render_two_sided, two_sided_formula
 from lazytensor.codegen.render_c import VarSpec
 
-import lazytensor.twosided as ts
+import lazytensor.backends.cpu.backward as ts
 from lazytensor import LazyTensor, Pm, Vi, Vj
 
 

@@ -171,7 +171,7 @@ def _grad_case(name, dtype, N, M, D):
 def _clustered_ranges(torch, g, dtype, N, M, D, cell=0.1, radius=0.25):
     """Points sorted by grid cell and the ranges keeping pairs of cells whose centroids
     are within ``radius`` (and each row cell's nearest column cell: no row without pairs)."""
-    from lazytensor.cluster import (
+    from lazytensor.scale.cluster import (
         cluster_ranges_centroids,
         from_matrix,
         grid_cluster,

@@ -198,7 +198,7 @@ def run_tests(timeout: float) -> dict:
 def environment(torch) -> dict:
     from lazytensor.codegen.cuda.nvcc import nvcc_path, nvcc_version
 
-    from lazytensor.cuda import driver
+    from lazytensor.backends.cuda import driver
 
     dev = torch.cuda.current_device()
     info = driver.device_info(dev)

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import torch
 
-from lazytensor import LazyTensor, kernels
+from lazytensor import LazyTensor
+from lazytensor.core import kernels
 
 
 def _gauss(x, y, b, s, mode):
@@ -69,9 +70,9 @@ def capture(case: str, dtype: torch.dtype, modes=("dual", "symbolic")) -> list:
             seen.append((spec, backend.render(spec), sides))
         return original(backend, spec)
 
-    import lazytensor.runtime as rt
+    import lazytensor.backends.cpu.runtime as rt
 
-    kernels.kernel_binary = rt.kernel_binary = spy  # lazytensor.twosided reads kernels'.
+    kernels.kernel_binary = rt.kernel_binary = spy  # lazytensor.backends.cpu.backward reads kernels'.
     try:
         data = [torch.rand(300, D, dtype=dtype), torch.rand(310, D, dtype=dtype),
                 torch.randn(310, 1, dtype=dtype), torch.tensor([0.5], dtype=dtype)]

@@ -63,7 +63,7 @@ from . import HEADER_WORDS
 from .gather import gather_loop, in_place
 from .gemm import dot_kernel, dot_micro, sqdist_fix
 from .layout import Layout, stage_chunk
-from .plan import CpuPlan, plan_cpu
+from .plan import LoopForm, plan_cpu
 from .simd import cpu_renames, heap_defs, prelude_defs, vector_header
 from .wide import wide_acc_code, wide_block_call, wide_call, wide_softmax_acc_code
 
@@ -381,7 +381,7 @@ class KernelShape:
     and chunk lengths, and the generated functions that evaluate IR (name, roots,
     variables), whose values may live in the per-thread heap (:mod:`..footprint`)."""
 
-    plan: CpuPlan
+    plan: LoopForm
     layout: Layout
     lin: Linear | None
     tj: int

@@ -22,7 +22,7 @@ from .. import ir
 from ..footprint import FUNCTION_STACK_BYTES, function_footprint
 from ..render_c import VarSpec
 from . import WIDE
-from .plan import CpuPlan
+from .plan import LoopForm
 
 
 def _offsets(specs: list, start: int) -> tuple:
@@ -37,7 +37,7 @@ def _offsets(specs: list, start: int) -> tuple:
 class Layout:
     """Which values are staged per chunk and how each variable is addressed."""
 
-    def __init__(self, var_specs: list, plan: CpuPlan, jch: int | None = None,
+    def __init__(self, var_specs: list, plan: LoopForm, jch: int | None = None,
                  dtype: str = "float64"):
         self.orig = sorted(var_specs, key=lambda v: v.index)
         self.n_orig = max([v.index + 1 for v in self.orig] + [0])

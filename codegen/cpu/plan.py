@@ -66,7 +66,7 @@ class Dot:
 
 
 @dataclass(frozen=True)
-class CpuPlan:
+class LoopForm:
     formula: ir.Node
     rows: tuple  # of Derived, category "i"
     cols: tuple  # of Derived, category "j"
@@ -247,7 +247,7 @@ def _rewrite_rows(b: _Builder, formula: ir.Node) -> ir.Node:
     return ir.substitute(formula, mapping) if mapping else formula
 
 
-def plan_cpu(formula: ir.Node, n_vars: int, dot_tiling: bool | None = None) -> CpuPlan:
+def plan_cpu(formula: ir.Node, n_vars: int, dot_tiling: bool | None = None) -> LoopForm:
     """The planned formula and its pseudo-variables (see the module docstring).
 
     ``n_vars`` is the number of bound variables (pseudo-variables are numbered after).
@@ -263,4 +263,4 @@ def plan_cpu(formula: ir.Node, n_vars: int, dot_tiling: bool | None = None) -> C
         if dot.a.op != "var":
             b.rows.append(Derived(b.new_var(dot.a.dim, "i"), dot.a))
     f = _rewrite_rows(b, f)
-    return CpuPlan(f, tuple(b.rows), tuple(b.cols), tuple(b.dots))
+    return LoopForm(f, tuple(b.rows), tuple(b.cols), tuple(b.dots))

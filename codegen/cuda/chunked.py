@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from .. import ir
 from ..render_c import VarSpec, render_formula, render_function
-from .chunks import ChunkPlan
+from .chunks import ChunkedSums
 from .skeleton import CHUNK_BYTES, CHUNK_ROWS, THREADS, element_size, row_registers, tile_loop
 
 
-def chunk_smem(plan: ChunkPlan, dtype: str) -> tuple[int, int]:
+def chunk_smem(plan: ChunkedSums, dtype: str) -> tuple[int, int]:
     """(fixed, per thread) bytes of a chunked kernel's shared memory: per vector sum, the
     row chunks of its i-leaves (padded by one row) and the R j-rows of its j-leaves."""
     C = CHUNK_BYTES // element_size(dtype)
@@ -29,7 +29,7 @@ def chunk_smem(plan: ChunkPlan, dtype: str) -> tuple[int, int]:
     return fixed, per_thread
 
 
-def chunked_kernel(plan: ChunkPlan, formula, specs, reduction, opts, dtype, name,
+def chunked_kernel(plan: ChunkedSums, formula, specs, reduction, opts, dtype, name,
                    ranged: bool = False) -> str:
     C = CHUNK_BYTES // element_size(dtype)
     R = CHUNK_ROWS

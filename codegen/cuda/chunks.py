@@ -39,7 +39,7 @@ class VectorSum:
 
 
 @dataclass(frozen=True)
-class ChunkPlan:
+class ChunkedSums:
     formula: ir.Node  # the narrow rest, reading ``VectorSum.var`` for each sum
     sums: tuple  # of VectorSum
 
@@ -66,7 +66,7 @@ def _elementwise_body(node: ir.Node, dim: int):
     return sorted(set(leaves), key=lambda v: (v.index, v.cat))
 
 
-def plan_chunks(formula: ir.Node, n_vars: int) -> ChunkPlan | None:
+def plan_chunks(formula: ir.Node, n_vars: int) -> ChunkedSums | None:
     """The chunked form of ``formula``, or None when it has nothing to chunk or keeps wide
     values outside vector sums (then the kernel evaluates it directly)."""
     next_index = max([v.index + 1 for v in ir.variables(formula)] + [n_vars])
@@ -90,7 +90,7 @@ def plan_chunks(formula: ir.Node, n_vars: int) -> ChunkPlan | None:
     rest = ir.substitute(formula, mapping)
     if any(n.dim > NARROW for n in ir.topo_order(rest)):
         return None
-    return ChunkPlan(rest, tuple(sums))
+    return ChunkedSums(rest, tuple(sums))
 
 
 def _scalarize(body: ir.Node, scalars: dict) -> ir.Node:
@@ -105,4 +105,4 @@ def _scalarize(body: ir.Node, scalars: dict) -> ir.Node:
     return ir.rebuild(body, fn)
 
 
-__all__ = ["CHUNK_MIN_DIM", "ChunkPlan", "VectorSum", "plan_chunks"]
+__all__ = ["CHUNK_MIN_DIM", "ChunkedSums", "VectorSum", "plan_chunks"]

@@ -27,7 +27,7 @@ One ``.cu`` per kernel holds, in ``namespace <name>``, the per-pair formula
 (device pointers) and ``npieces``, read by block-sparse kernels only. The global
 ``<name>_acc`` has the size of ``Acc``.
 
-Block-sparse kernels (``ranged``, see :mod:`lazytensor.ranges`) run one launch of the 1D
+Block-sparse kernels (``ranged``, see :mod:`lazytensor.scale.ranges`) run one launch of the 1D
 scheme over the pieces: block ``bid`` runs piece ``bid % npieces`` of batch element ``bid /
 npieces``; a piece is four int64 ``(i0, i1, s0, s1)``: rows ``[i0, i1)`` (at most a block's
 rows) reduce over the intervals ``ivs[2s] <= j < ivs[2s + 1]``, s in ``[s0, s1)``, in that
@@ -54,7 +54,7 @@ from ..render_c import VarSpec
 from ..render_c import prelude as _prelude
 from .accumulators import acc_code
 from .chunked import chunk_smem, chunked_kernel
-from .chunks import ChunkPlan, plan_chunks
+from .chunks import ChunkedSums, plan_chunks
 from .direct import direct_kernel
 from .skeleton import (
     CHUNK_ROWS,
@@ -70,7 +70,7 @@ from .skeleton import (
 from .wide import wide_group, wide_kernel, wide_softmax_kernel
 
 
-def _chunk_plan(formula, var_specs) -> ChunkPlan | None:
+def _chunk_plan(formula, var_specs) -> ChunkedSums | None:
     n_vars = max([v.index + 1 for v in var_specs] + [0])
     return plan_chunks(formula, n_vars)
 

@@ -139,7 +139,7 @@ class Reduction:
     vjp_saves = 0
     # The saved output (an index into ``outputs``) that is the log-sum-exp of the formula's
     # first component, in whose softmax weights exp(f - lse) the j-side gradients use
-    # instead the row maximum and the sum of exp(f - max) (see lazytensor.autograd).
+    # instead the row maximum and the sum of exp(f - max) (see lazytensor.autodiff.autograd).
     lse_output: int | None = None
 
     def normalizer(self, F: ir.Node, saved: list) -> ir.Node | None:

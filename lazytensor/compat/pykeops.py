@@ -123,7 +123,7 @@ def install(keopscore: bool = True) -> ModuleType:
 
     >>> pk = install()
     >>> pk.torch.Genred.__module__
-    'lazytensor.genred'
+    'lazytensor.api.genred'
     """
     global _finder
     with _lock:

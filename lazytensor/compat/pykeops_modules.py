@@ -176,21 +176,21 @@ def _frontend(library: str) -> Callable[[str], ModuleType]:
 
 
 def _cluster(name: str) -> ModuleType:
-    from .. import cluster
+    from ..scale import cluster
 
-    return _module(name, "pykeops's cluster helpers on lazytensor (lazytensor.cluster).",
+    return _module(name, "pykeops's cluster helpers on lazytensor (lazytensor.scale.cluster).",
                    __all__=list(cluster.__all__),
                    **{n: getattr(cluster, n) for n in cluster.__all__})
 
 
 def _operations(name: str) -> ModuleType:
-    from ..solve import KernelSolve
+    from ..api.solve import KernelSolve
 
     return _module(name, "pykeops's KernelSolve on lazytensor.", KernelSolve=KernelSolve)
 
 
 def _generic(name: str) -> ModuleType:
-    from .. import genred
+    from ..api import genred
 
     names = ("Genred", "generic_argkmin", "generic_argmin", "generic_logsumexp", "generic_sum")
     return _module(name, "pykeops's Genred and generic_* on lazytensor.",
@@ -198,7 +198,7 @@ def _generic(name: str) -> ModuleType:
 
 
 def _lazytensor_module(name: str) -> ModuleType:
-    from .. import lazy
+    from ..api import lazy
 
     return _module(name, "pykeops's LazyTensor module on lazytensor.", LazyTensor=lazy.LazyTensor,
                    GenericLazyTensor=lazy.LazyTensor, Vi=lazy.Vi, Vj=lazy.Vj, Pm=lazy.Pm)

@@ -4,7 +4,7 @@ Each rank holds its own rows of the output side (``x_i`` for a reduction over j)
 slice of the reduced side (``y_j``, of any size, even none). A reduction over j then
 passes the j-blocks around a ring of ranks (the next block's transfer overlapped with
 the kernel on the current one) or, when the j-data is small, gathers them all; the
-blocks' partial results merge by the reduction's own rule (:mod:`lazytensor.merge`), so
+blocks' partial results merge by the reduction's own rule (:mod:`lazytensor.scale.merge`), so
 every rank gets, for its rows, what one process gets on all the data: sums to rounding,
 arg-reductions with global indices. The formula does not change::
 

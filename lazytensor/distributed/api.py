@@ -1,7 +1,7 @@
 """``reduce``: one reduction over a process group, prepared, checked across ranks, run.
 
->>> from lazytensor.distributed.api import Plan
->>> Plan.__doc__.split(".")[0]
+>>> from lazytensor.distributed.api import ShardedReduction
+>>> ShardedReduction.__doc__.split(".")[0]
 'What every rank knows about one distributed reduction'
 """
 
@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .. import blocks, merge
-from ..binding import Variable, bind, is_torch
 from ..codegen import ir, reductions
+from ..core.binding import Variable, bind, is_torch
+from ..scale import blocks, merge
 from . import protocol
 from .context import Sharding
 
@@ -29,7 +29,7 @@ def last_stats() -> dict:
 
 
 @dataclass(eq=False)
-class Plan:
+class ShardedReduction:
     """What every rank knows about one distributed reduction."""
 
     name: str
@@ -78,7 +78,7 @@ class Plan:
         _last_stats[phase] = {"ranks": self.comm.size, **stats}
 
 
-def _describe(plan: Plan, sharding: Sharding) -> str:
+def _describe(plan: ShardedReduction, sharding: Sharding) -> str:
     """The prepared call's identity, the same on every rank that makes the same call."""
     def var(v):
         if v.is_scalar:
@@ -94,7 +94,7 @@ def _describe(plan: Plan, sharding: Sharding) -> str:
             f"(<= {sharding.allgather_bytes} B) variables=[{', '.join(map(var, plan.variables))}]")
 
 
-def _prepare(formula, variables, reduction, axis, opts, backend, grad_mode, comm) -> Plan:
+def _prepare(formula, variables, reduction, axis, opts, backend, grad_mode, comm) -> ShardedReduction:
     red = reductions.get(reduction)
     merge.rule(red.name)  # a reduction without a merge rule cannot be split
     if axis not in (0, 1):
@@ -109,7 +109,7 @@ def _prepare(formula, variables, reduction, axis, opts, backend, grad_mode, comm
     if not red_idx:
         raise ValueError(f"a distributed {red.name} over {red_cat} shards the {red_cat}-variables, "
                          f"but the formula {ir.to_text(formula, limit=80)} has none")
-    return Plan(red.name, formula, list(variables), axis, dict(opts), backend, grad_mode, comm,
+    return ShardedReduction(red.name, formula, list(variables), axis, dict(opts), backend, grad_mode, comm,
                 [k for k in arrays if variables[k].cat == out_cat], red_idx,
                 [k for k in arrays if variables[k].cat == "p"], sig.dtype,
                 blocks.output_lead(variables, axis)[0],
@@ -128,7 +128,7 @@ def reduce(formula: ir.Node, variables: list, reduction: str, axis: int, opts: d
            backend: str = "auto", grad_mode: str | None = None, sharding: Sharding | None = None):
     """``reduction`` of ``formula`` over ``axis``, the reduced side's rows split over the
     ranks of ``sharding.group`` (each rank passes its own slice); returns this rank's
-    output rows, as :func:`lazytensor.engine.reduce` does for one process.
+    output rows, as :func:`lazytensor.engine.plans.reduce` does for one process.
 
     Every rank of the group must call it with the same formula, reduction and options.
     """
@@ -154,7 +154,7 @@ def reduce(formula: ir.Node, variables: list, reduction: str, axis: int, opts: d
     if mode == "auto":
         mode = "allgather" if nbytes <= sharding.allgather_bytes else "ring"
     if comm.size == 1 or mode == "allgather":
-        from .gather import gathered_reduce
+        from .allgather import gathered_reduce
 
         outs = gathered_reduce(plan)
     else:
@@ -166,4 +166,4 @@ def reduce(formula: ir.Node, variables: list, reduction: str, axis: int, opts: d
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
-__all__ = ["Plan", "last_stats", "reduce"]
+__all__ = ["ShardedReduction", "last_stats", "reduce"]

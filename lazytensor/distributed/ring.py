@@ -3,12 +3,12 @@
 Forward, on rank r of R, step t = 0 .. R-1 works on the block of rank ``r - t``: it
 starts the transfer of that block to rank r+1 and the receipt of the next one from
 rank r-1, runs the kernel on the block while they travel, merges the block's partial
-state (:mod:`lazytensor.merge`) into the running one and waits. A block's message is
+state (:mod:`lazytensor.scale.merge`) into the running one and waits. A block's message is
 its variables' rows packed in one flat buffer (``m · Σ D`` values).
 
 Backward, the blocks go around once more and each carries the gradient of its rows:
 step t recomputes the block's reduction with autograd, pulls the cotangents of its
-outputs (from the saved block states, :func:`lazytensor.merge.cotangents`) back to this
+outputs (from the saved block states, :func:`lazytensor.scale.merge.cotangents`) back to this
 rank's rows (kept), to the parameters (summed over the ranks at the end) and to the
 block's rows, added to the block's gradient that came with it from rank r-1 and sent on
 to rank r+1; after the last step each block's gradient reaches its owner. A block whose
@@ -22,7 +22,7 @@ import time
 import torch
 from torch.autograd.function import once_differentiable
 
-from .. import blocks, merge
+from ..scale import blocks, merge
 from . import protocol
 
 

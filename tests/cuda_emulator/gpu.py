@@ -63,25 +63,26 @@ class EmulatedGpu(Gpu):
         self.api = FakeTorchCuda(self.emu.lib)
 
     def install(self, monkeypatch) -> None:
-        from lazytensor import engine
-        from lazytensor.cuda import kernels, streams
+        from lazytensor.backends.cuda import loader as kernels
+        from lazytensor.backends.cuda import streams
+        from lazytensor.core import backend
 
         from .torch_side import FakeTorchCuda
 
         self.api = FakeTorchCuda(self.emu.lib)
         monkeypatch.setattr(streams, "api", self.api)
         monkeypatch.setattr(streams, "_devices", {})
-        resolve = engine._resolve_backend
+        resolve = backend.resolve
 
-        def resolve_on_emulator(backend, device, library="torch"):
-            name, _ = engine.split_device(backend)
-            if device == "cpu" and library == "torch" and name in ("auto", "cuda", "gpu"):
+        def resolve_on_emulator(name, device, library="torch"):
+            base, _ = backend.split_device(name)
+            if device == "cpu" and library == "torch" and base in ("auto", "cuda", "gpu"):
                 return "cuda"
-            return resolve(backend, device, library)
+            return resolve(name, device, library)
 
-        monkeypatch.setattr(engine, "_resolve_backend", resolve_on_emulator)
-        index = engine.cuda_index
-        monkeypatch.setattr(engine, "cuda_index",
+        monkeypatch.setattr(backend, "resolve", resolve_on_emulator)
+        index = backend.device_index
+        monkeypatch.setattr(backend, "device_index",
                             lambda device: 0 if device == "cpu" else index(device))
         cubin = kernels.cubin
         emu = self.emu

@@ -1,0 +1,196 @@
+"""pykeops's options, parsed in one place for ``LazyTensor``, ``Genred`` and ``KernelSolve``.
+
+- backend names: ours (``"auto"``, ``"cpu"``, ``"cuda"`` or ``"gpu"``, ``"cuda:k"``,
+  ``"numpy"``) and pykeops's (``"CPU"``, ``"GPU"``, ``"GPU_1D"``, ...), with ``device_id``;
+- the accuracy options ``dtype_acc`` / ``use_double_acc`` and ``sum_scheme``, with
+  pykeops's rules (the sum-type reductions only);
+- ``Genred``'s ``reduction_op`` / ``opt_arg`` / ``formula2``, read from the reduction
+  registry (pykeops names, K, weights);
+- keywords that tune pykeops's CUDA code: ``use_fast_math=True`` (approximate CUDA
+  intrinsics), the others (``enable_chunks``, ...) accepted without effect;
+- ``grad_mode`` ("auto", "symbolic", "dual": how torch gradients are computed, see
+  :mod:`lazytensor.autodiff.dual`) and its process-wide default.
+
+>>> reduction_options("sum", use_double_acc=True, sum_scheme="kahan_scheme")
+{'dtype_acc': 'float64', 'sum_scheme': 'kahan_scheme'}
+>>> keops_reduction("ArgKMin", 5), keops_backend("GPU_2D")
+(('argkmin', {'K': 5}), 'cuda')
+"""
+
+from __future__ import annotations
+
+import numbers
+
+from ..codegen import reductions
+
+# pykeops's backend names -> ours. "GPU_1D"/"GPU_2D" (and their "_host"/"_device" forms)
+# choose a CUDA scheme in pykeops; here the CUDA backend picks its own scheme.
+_KEOPS_BACKENDS = {"CPU": "cpu", "GPU": "cuda"}
+_GPU_SCHEMES = ("1D", "2D", "1D_host", "2D_host", "1D_device", "2D_device")
+
+# Genred/reduction keywords of pykeops that tune its CUDA code generation: accepted and
+# without effect where nothing reads them (the reductions read device_id and
+# use_fast_math, see gpu_options).
+IGNORED_OPTIONS = ("enable_chunks", "use_fast_math", "optional_flags", "device_id",
+                   "rec_multVar_highdim")
+
+ACCURACY_OPTIONS = ("dtype_acc", "use_double_acc", "sum_scheme")
+SUM_SCHEMES = ("auto", "direct_sum", "block_sum", "kahan_scheme")
+
+
+def keops_backend(backend) -> str:
+    """Our backend name for a pykeops one ("CPU", "GPU", "GPU_1D", ...); others unchanged."""
+    if isinstance(backend, str):
+        head = backend.split("_", 1)[0]
+        if head in _KEOPS_BACKENDS and (backend in _KEOPS_BACKENDS or (
+                head == "GPU" and backend[4:] in _GPU_SCHEMES)):
+            return _KEOPS_BACKENDS[head]
+    return backend
+
+
+def gpu_options(backend, device_id=None, use_fast_math=None) -> tuple:
+    """``(backend, opts)`` for pykeops's GPU keywords: ``device_id=k`` with a GPU backend
+    picks GPU k (``"cuda:k"``: NumPy arrays are copied there; torch tensors must be
+    there); ``use_fast_math=True`` lets CUDA kernels use approximate intrinsics (the
+    default is IEEE-accurate functions).
+
+    >>> gpu_options("GPU", device_id=1)
+    ('cuda:1', {})
+    """
+    backend = keops_backend(backend)
+    if device_id is not None and not isinstance(device_id, bool) and \
+            isinstance(device_id, numbers.Integral) and device_id >= 0 and \
+            backend in ("cuda", "gpu"):
+        backend = f"cuda:{int(device_id)}"
+    elif device_id is not None and not (isinstance(device_id, numbers.Integral)
+                                        and not isinstance(device_id, bool)):
+        raise ValueError(f"device_id must be an integer (-1: the default device), got "
+                         f"{device_id!r}")
+    return backend, ({"use_fast_math": True} if use_fast_math is True else {})
+
+
+def check_axis(axis) -> int:
+    """``Genred``/``KernelSolve``'s ``axis``: 0 (reduction over i) or 1 (over j)."""
+    if isinstance(axis, bool) or axis not in (0, 1):
+        raise ValueError(f"axis must be 0 (reduction over i) or 1 (over j), got {axis!r}")
+    return int(axis)
+
+
+def _sum_type_names() -> str:
+    return ", ".join(r.keops_name for r in reductions.all_reductions()
+                     if r.sum_type and r.keops_name)
+
+
+def reduction_options(reduction: str, dtype_acc="auto", use_double_acc=False,
+                      sum_scheme="auto") -> dict:
+    """Engine options from pykeops's accumulation arguments, with pykeops's rules.
+
+    ``dtype_acc`` / ``use_double_acc`` (one of the two) and ``sum_scheme`` other than
+    "auto" / "direct_sum" apply to the sum-type reductions only (Sum and the log-sum-exp
+    family): a min or a K-min has nothing to accumulate, and pykeops rejects them there
+    too. A ``sum_scheme`` that a reduction's kernel does not implement (the log-sum-exp
+    family always accumulates per tile of j) is accepted and has no further effect.
+    """
+    if dtype_acc == "auto" and sum_scheme == "auto" and not use_double_acc:
+        return {}  # nothing asked (the usual call): nothing to check
+    opts = {}
+    if dtype_acc not in ("auto", "float32", "float64"):
+        raise ValueError(f"dtype_acc must be 'auto', 'float32' or 'float64', got {dtype_acc!r}")
+    if use_double_acc:
+        if dtype_acc != "auto":
+            raise ValueError(f"set either use_double_acc=True or dtype_acc={dtype_acc!r}, not both")
+        dtype_acc = "float64"
+    if sum_scheme not in SUM_SCHEMES:
+        raise ValueError("sum_scheme must be 'auto', 'direct_sum', 'block_sum' or 'kahan_scheme', "
+                         f"got {sum_scheme!r}")
+    red = reductions.get(reduction)
+    if not red.sum_type:
+        if dtype_acc != "auto":
+            raise ValueError(f"dtype_acc={dtype_acc!r} (or use_double_acc) only applies to sum-type "
+                             f"reductions ({_sum_type_names()}), not {reduction}")
+        if sum_scheme not in ("auto", "direct_sum"):
+            raise ValueError(f"sum_scheme={sum_scheme!r} only applies to sum-type reductions "
+                             f"({_sum_type_names()}), not {reduction}")
+        return opts
+    if dtype_acc != "auto":
+        opts["dtype_acc"] = dtype_acc
+    if sum_scheme in red.sum_schemes:
+        opts["sum_scheme"] = sum_scheme
+    return opts
+
+
+def keops_reduction(reduction_op: str, opt_arg=None, formula2=None) -> tuple[str, dict]:
+    """``(our reduction name, options)`` for a pykeops reduction name (any case,
+    ``_Reduction`` suffix allowed: "Sum", "ArgKMin" with ``opt_arg`` K, "LogSumExp" with
+    weights ``formula2`` ...), read from the reduction registry.
+
+    >>> keops_reduction("ArgKMin", 3)
+    ('argkmin', {'K': 3})
+    """
+    if not isinstance(reduction_op, str):
+        raise TypeError(f"reduction_op must be a string, got {type(reduction_op).__name__}")
+    key = reduction_op.lower().removesuffix("_reduction")
+    named = [r for r in reductions.all_reductions() if r.keops_name]
+    red = next((r for r in named if r.keops_name.lower() == key), None)
+    if red is None:
+        raise ValueError(f"unknown reduction {reduction_op!r}; expected one of "
+                         f"{', '.join(r.keops_name for r in named)}")
+    name, opts = red.name, {}
+    if red.needs_k:
+        if isinstance(opt_arg, bool) or not isinstance(opt_arg, numbers.Integral) or opt_arg < 1:
+            raise ValueError(f"{reduction_op} needs opt_arg=K, a positive integer; got {opt_arg!r}")
+        opts["K"] = int(opt_arg)
+    if formula2 is not None and not (red.weighted or red.weighted_variant):
+        takers = [r.keops_name for r in named if r.weighted or r.weighted_variant]
+        raise ValueError(f"formula2 is only used by {' and '.join(takers)}, not {reduction_op}")
+    if red.weighted and formula2 is None:
+        raise ValueError(f"{red.keops_name} needs formula2 (the weights)")
+    if red.weighted_variant and formula2 is not None:
+        name = red.weighted_variant
+    return name, opts
+
+
+def split_reduction_keywords(reduction: str, backend, kw: dict, opts: dict | None = None):
+    """``(backend, opts, other keywords)`` from the keywords a LazyTensor reduction takes.
+
+    pykeops's backend names map to ours; the accuracy options go through
+    :func:`reduction_options`; ``device_id`` and ``use_fast_math`` through
+    :func:`gpu_options`; the other options of pykeops's CUDA code are dropped. The rest
+    (``call``, ``out``, ``ranges`` ...) is returned for the caller, which rejects unknown
+    ones by name.
+    """
+    kw = dict(kw)
+    acc = {k: kw.pop(k) for k in ACCURACY_OPTIONS if k in kw}
+    backend, gpu = gpu_options(backend, kw.pop("device_id", None), kw.pop("use_fast_math", None))
+    for k in IGNORED_OPTIONS:
+        kw.pop(k, None)
+    opts = {**(opts or {}), **reduction_options(reduction, **acc), **gpu}
+    return backend, opts, kw
+
+
+GRAD_MODES = ("auto", "symbolic", "dual")
+
+_default = {"grad_mode": "auto"}
+
+
+def set_default_grad_mode(mode: str) -> None:
+    """Set the process-wide default ``grad_mode`` ("auto", "symbolic" or "dual").
+
+    >>> set_default_grad_mode("symbolic"); default_grad_mode()
+    'symbolic'
+    >>> set_default_grad_mode("auto")
+    """
+    check_grad_mode(mode)
+    _default["grad_mode"] = mode
+
+
+def default_grad_mode() -> str:
+    """The process-wide default ``grad_mode``."""
+    return _default["grad_mode"]
+
+
+def check_grad_mode(mode: str) -> str:
+    """``mode``, or ValueError if it is not one of :data:`GRAD_MODES`."""
+    if mode not in GRAD_MODES:
+        raise ValueError(f"grad_mode must be one of {GRAD_MODES}, got {mode!r}")
+    return mode
