@@ -66,7 +66,7 @@ def cpu_kernel_memory(formula, var_specs, reduction: str, opts: dict, dtype: str
                        and reductions.get(reduction).wide == "sum")
     parts = {
         "formula values": sum(f.stack for f in shape.footprints().values()),
-        # several rows' tiles at once where weighted sums take row blocks (kernel._row_block)
+        # several rows' tiles at once where weighted sums take row blocks (rows.row_block)
         "tile of terms": 0 if L.wide else (rows if multi_row_tiles else 1) * F * tj * size,
         "pair value and j-values": (F + sum(v.dim for v in L.formula_specs if v.cat == "j")) * size,
         "dot product tiles": len(L.dots) * rows * tj * size + rows * size,

@@ -28,7 +28,7 @@ i-side's scheme).
 
 The kernel's formula is ``concat(G_i, G_j')`` with ``G_j'`` the j-side formula written with
 i and j exchanged back (:func:`two_sided_formula`): variables numbered once for both.
-Calling convention: the one-sided kernel's (:mod:`lazytensor.codegen.cpu.kernel`), without
+Calling convention: the one-sided kernel's (:mod:`lazytensor.codegen.cpu.entry`), without
 block-sparse ranges, ``jchunk`` > 0 bounding the span (a few rows against many columns:
 more spans), two outputs: ``(B, N, F_i)`` and
 ``(B, M, F_j)``.
@@ -50,7 +50,8 @@ import dataclasses
 
 from .. import ir, ops
 from ..linearize import Linear, column_source, wide_sum
-from .kernel import DOT_CHUNK_BYTES, _render, _shape
+from . import TUNING
+from .kernel import DOT_CHUNK_BYTES, plan_shape, render_planned
 
 # columns of a tile whose j-side sums share each vector of a row (lt_jpass)
 J_COLS = 6
@@ -131,8 +132,8 @@ def split_sides(formula: ir.Node) -> tuple:
     if formula.op != "concat":
         return None
     G_i, G_jb = formula.args
-    lin_i = wide_sum(G_i, "sum")
-    lin_j = wide_sum(ir.swap_ij(G_jb), "sum")
+    lin_i = wide_sum(G_i, "sum", TUNING)
+    lin_j = wide_sum(ir.swap_ij(G_jb), "sum", TUNING)
     if lin_i is None or lin_j is None:
         return None
     comps = list(lin_i.components)
@@ -155,7 +156,7 @@ def two_sided_shape(formula: ir.Node, var_specs: list, dtype: str):
     if parts is None:
         return None
     lin_i, lin_j, narrow, where = parts
-    shape = _shape(narrow, var_specs, dtype, None, lin_i)
+    shape = plan_shape(narrow, var_specs, dtype, None, lin_i)
     if shape is None or not shape.layout.dots or narrow.dim > 16:
         return None
     size = 4 if dtype == "float32" else 8
@@ -216,13 +217,18 @@ static LT_INLINE void lt_jside(const T* __restrict__ fb, int fs, int nr, int nj,
 
 
 def _skeleton(shape, lin_j: Linear) -> str:
+    """``lt_run`` of the two-sided kernel: its set-up, then the spans of columns."""
     L = shape.layout
-    nv = max(1, L.n_orig)
-    FJ = lin_j.dim
     base = []
     for v in L.orig:
         rows = {"i": "N", "j": "M", "p": "1"}[v.cat]
         base.append(f"(const T*)vars[{v.index}] + blk[{v.index}] * {rows} * {v.dim}")
+    return _setup(L, lin_j.dim) + _spans(L, lin_j.dim, base)
+
+
+def _setup(L, FJ: int) -> str:
+    """The start of ``lt_run``: its arguments, the row blocks, the span of columns, the
+    buffers (each thread's j-side partial sums of a span, the rows' accumulators)."""
     return f"""
 static_assert(sizeof(void*) == sizeof(int64_t), "64-bit pointers");
 extern "C" int lt_run(const int64_t* args) {{
@@ -254,7 +260,15 @@ extern "C" int lt_run(const int64_t* args) {{
   if (!parts || !accI) {{ free(parts); free(accI); return 1; }}
   const bool one_span = SPAN >= M;  // the rows' accumulators see all j in one lt_rows
   int status = 0;
-  #pragma omp parallel num_threads(nt) if (nt > 1)
+"""
+
+
+def _spans(L, FJ: int, base: list) -> str:
+    """The parallel part of ``lt_run``: per batch element and span of columns, the row
+    blocks shared by the threads (each adding its j-side sums into its own buffer), then
+    the threads' buffers summed into the j-side output; the i-side outputs at the end."""
+    nv = max(1, L.n_orig)
+    return f"""  #pragma omp parallel num_threads(nt) if (nt > 1)
   {{
     LtFtz ftz;
     int tid = 0;
@@ -317,4 +331,4 @@ def render_two_sided(formula: ir.Node, var_specs: list, opts: dict, dtype: str) 
         raise ValueError("the two-sided kernel needs two wide sums with dot products")
     shape, lin_j, where = found
     jside = _jside(lin_j, shape.plan.formula.dim, where)
-    return _render(shape, "sum", opts, dtype, jside=jside) + _skeleton(shape, lin_j)
+    return render_planned(shape, "sum", opts, jside=jside) + _skeleton(shape, lin_j)

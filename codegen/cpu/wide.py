@@ -11,7 +11,7 @@ and each weight broadcast. Partial sums of a tile are in T and added to the runn
 accumulator in TA, as ``block_sum`` does.
 
 This module emits that ``Acc`` and the call the pair loop makes after ``Acc::tile``; the
-skeleton is :mod:`lazytensor.codegen.cpu.kernel`'s.
+skeleton is :mod:`lazytensor.codegen.cpu.rows`'s.
 """
 
 from __future__ import annotations
