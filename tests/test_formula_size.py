@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 from lazytensor.codegen import ir, ops
 from lazytensor.codegen.compilers import cpu_compiler
+from lazytensor.codegen.cpu import kernel as cpu_kernel
 from lazytensor.codegen.cpu.kernel import render_cpu_kernel
 from lazytensor.codegen.cpu.stack import cpu_kernel_memory
 from lazytensor.codegen.footprint import MAX_NODE_DIM, FormulaTooLarge
@@ -30,7 +31,6 @@ from lazytensor.codegen.render_c import VarSpec
 
 from lazytensor import Genred, Vi, Vj
 from lazytensor.backends.cpu import runtime
-from lazytensor.codegen.cpu import kernel as cpu_kernel
 from lazytensor.engine import plans as engine
 
 needs_compiler = pytest.mark.skipif(not cpu_compiler().available, reason="no C++ compiler")

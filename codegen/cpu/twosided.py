@@ -53,7 +53,7 @@ from ..linearize import Linear, column_source, wide_sum
 from . import TUNING
 from .kernel import DOT_CHUNK_BYTES, plan_shape, render_planned
 
-# columns of a tile whose j-side sums share each vector of a row (lt_jpass)
+# columns of a tile whose j-side sums share each vector of a row (wide.lt_wpass_block)
 J_COLS = 6
 # Staged j-data per chunk: 4x the one-sided kernel's (D = 64, float32, one thread, N = M =
 # 4,000: chunks of 256 columns 75.5 ms, 512 73.3 ms, 1,024 72.4 ms; L2 is 1 MB there).
@@ -64,58 +64,6 @@ ITEM_ROWS = 256
 # are reduced by every thread before the threads sum their spans; one span per barrier
 # (barriers cost most on a loaded machine: a descheduled thread holds up the others).
 SPAN_BYTES = 8 << 20
-
-_TEMPLATES = """
-// out[c * os + e] += coef * sum_r w[r * fs + c] * X[r * LD + e] for c < CB, e in [E0, E0 +
-// NV * LT_W): the block's rows against CB columns, CB x NV accumulators in registers.
-template <int E0, int NV, int LD, int CB>
-static LT_INLINE void lt_jpass(const T* __restrict__ w, int fs, int nr, const T* __restrict__ X,
-                               T coef, T* __restrict__ out, int os) {
-  lt_vec acc[CB][NV];
-  #pragma GCC unroll 32
-  for (int q = 0; q < CB * NV; ++q) acc[q / NV][q % NV] = lt_vec{};
-  for (int r = 0; r < nr; ++r) {
-    const T* x = X + (size_t)r * LD + E0;
-    lt_vec xv[NV];
-    #pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) memcpy(&xv[v], x + v * LT_W, sizeof(lt_vec));
-    #pragma GCC unroll 8
-    for (int c = 0; c < CB; ++c) {
-      const lt_vec s = w[(size_t)r * fs + c] - lt_vec{};
-      #pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) acc[c][v] += s * xv[v];
-    }
-  }
-  #pragma GCC unroll 32
-  for (int q = 0; q < CB * NV; ++q) {
-    T* o = out + (q / NV) * os + E0 + (q % NV) * LT_W;
-    lt_vec t;
-    memcpy(&t, o, sizeof t);
-    t += coef * acc[q / NV][q % NV];
-    memcpy(o, &t, sizeof t);
-  }
-}
-template <int E, int LD, int E0, int CB, bool MORE = (E - E0 >= LT_W)>
-struct LtJsum {
-  enum { LEFT = (E - E0) / LT_W, NV = LEFT < LT_WNV ? LEFT : LT_WNV };
-  static LT_INLINE void run(const T* w, int fs, int nr, const T* X, T coef, T* out, int os) {
-    lt_jpass<E0, NV, LD, CB>(w, fs, nr, X, coef, out, os);
-    LtJsum<E, LD, E0 + NV * LT_W, CB>::run(w, fs, nr, X, coef, out, os);
-  }
-};
-template <int E, int LD, int E0, int CB>
-struct LtJsum<E, LD, E0, CB, false> {  // the last E - E0 < LT_W components
-  static LT_INLINE void run(const T* w, int fs, int nr, const T* X, T coef, T* out, int os) {
-    for (int c = 0; c < CB; ++c)
-      for (int e = E0; e < E; ++e) {
-        T t = 0;
-        for (int r = 0; r < nr; ++r) t += w[(size_t)r * fs + c] * X[(size_t)r * LD + e];
-        out[c * os + e] += coef * t;
-      }
-  }
-};
-"""
-
 
 def two_sided_formula(G_i: ir.Node, G_j_swapped: ir.Node) -> ir.Node:
     """The kernel's formula: the i-side Sum's formula ``G_i`` (a sum over j) and the j-side
@@ -184,9 +132,9 @@ def _jside(lin_j: Linear, F: int, where: tuple) -> tuple:
     T* const o = out + {t.offset};
     int jj = 0;
     for (; jj + {J_COLS} <= nj; jj += {J_COLS})
-      LtJsum<{t.dim}, {ld}, 0, {J_COLS}>::run(w + jj, fs, nr, {x}, {_coef(t.coef)}, o + (size_t)jj * {FJ}, {FJ});
+      LtWsumBlock<{t.dim}, {ld}, 0, {J_COLS}, true>::run(w + jj, 1, fs, nr, {x}, {_coef(t.coef)}, o + (size_t)jj * {FJ}, {FJ});
     for (; jj < nj; ++jj)
-      LtJsum<{t.dim}, {ld}, 0, 1>::run(w + jj, fs, nr, {x}, {_coef(t.coef)}, o + (size_t)jj * {FJ}, {FJ});
+      LtWsumBlock<{t.dim}, {ld}, 0, 1, true>::run(w + jj, 1, fs, nr, {x}, {_coef(t.coef)}, o + (size_t)jj * {FJ}, {FJ});
   }}""")
     for q, off in lin_j.direct:
         body.append(f"""  {{
@@ -199,7 +147,7 @@ def _jside(lin_j: Linear, F: int, where: tuple) -> tuple:
     for (int jj = 0; jj < nj; ++jj) out[(size_t)jj * {FJ} + {off}] += a[jj];
   }}""")
     nl = "\n"
-    defs = _TEMPLATES + f"""
+    defs = f"""
 // The j-side partial sums of the thread's current span of columns: column t0 + jj of the
 // span at lt_jpart[(t0 + jj) * {FJ}], set by lt_run.
 static thread_local T* lt_jpart;
