@@ -182,15 +182,15 @@ class CpuRenderer(CRenderer):
     - ``storage``: the largest node values in the per-thread heap ``lt_heap``, arrays
       aligned for AVX (:data:`CPU_STORAGE`);
     - :meth:`prelude_defs`: the declarations that let g++ vectorize calls to libmvec,
-      ``lt_exp``, and the heap where a function uses it (``heap``);
-    - ``tuning``: the thresholds of the backend's plan, which it hands to the shared
-      passes (:data:`lazytensor.codegen.cpu.TUNING`).
+      ``lt_exp``, and the heap where a function uses it (``heap``).
+
+    The shape it renders was planned with the backend's tuning
+    (:data:`lazytensor.codegen.cpu.TUNING`, handed to the shared passes).
     """
 
     name = "cpu"
     functions = {"exp": "lt_exp"}
     storage = CPU_STORAGE
-    tuning = TUNING
 
     def __init__(self, dtype: str, heap: bool = False):
         super().__init__(dtype)

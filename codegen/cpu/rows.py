@@ -20,11 +20,12 @@ the order of the text:
 
 from __future__ import annotations
 
-from ..render_c import acc_call, array, formula_call
+from ..render_c import acc_call, array, formula_call, loop
 from .gather import gather_loop, in_place
 from .layout import Layout, stage_chunk
 
 _NL = "\n"
+_ROWS = loop("i", "i1", "i0", "int64_t")  # the rows of lt_rows, each with its accumulator
 
 
 def row_block(L: Layout, F: int, R: str, after_tile: str = "", lanes: int = 0,
@@ -61,7 +62,7 @@ def row_block(L: Layout, F: int, R: str, after_tile: str = "", lanes: int = 0,
     head = f"""
 static int lt_rows({ptr_args}, int64_t i0, int64_t i1, const int64_t* iv, int64_t niv,
                    Acc* accs, const int* stop) {{
-  for (int64_t i = i0; i < i1; ++i) {acc_call("accs[i - i0]", "init")}
+  {_ROWS} {acc_call("accs[i - i0]", "init")}
   if (niv == 0) return 0;
 {_NL.join(decl)}
 {prep_item}"""
@@ -233,7 +234,7 @@ def _pair_loop(L: Layout, F: int, jloads: list, call: list, lanes: int, fbuf: st
 def _vector_pairs(F: int, jloads: list, call: list) -> str:
     """Vectors wider than WIDE: one pair at a time, each op of the formula a loop that
     vectorizes along the vector, and the reduction's push (also a vector loop)."""
-    return f"""          for (int jj = 0; jj < nj; ++jj) {{
+    return f"""          {loop("jj", "nj")} {{
 {_NL.join(jloads)}
             {array("o", F, align=64)}
             {formula_call(call)}
@@ -246,7 +247,7 @@ def _tile_loop(F: int, jloads: list, call: list, store: str, start: str) -> str:
     return f"""          // GCC ivdep, not omp simd: omp simd privatizes the local arrays before inlining
           // and then fails to vectorize; with ivdep they are scalarized and it vectorizes.
           #pragma GCC ivdep
-          for (int jj = {start}; jj < nj; ++jj) {{
+          {loop("jj", "nj", start)} {{
 {_NL.join(jloads)}
             {array("o", F)}
             {formula_call(call)}
@@ -329,7 +330,7 @@ def _interval_loop(L: Layout, head: str, rows_of_chunk: str) -> str:
   if (jb < seen) {{
     A = lt_acc_tmp.get(i1 - i0);
     if (!A) return 1;
-    for (int64_t i = i0; i < i1; ++i) {acc_call("A[i - i0]", "init")}
+    {_ROWS} {acc_call("A[i - i0]", "init")}
   }}
   for (int64_t c0 = jb; c0 < je; c0 += JCH) {{
     if (__atomic_load_n(stop, __ATOMIC_RELAXED)) return 2;
@@ -340,7 +341,7 @@ def _interval_loop(L: Layout, head: str, rows_of_chunk: str) -> str:
 {rows_of_chunk}
   }}
   if (A != accs)
-    for (int64_t i = i0; i < i1; ++i) {acc_call("accs[i - i0]", "merge", "A[i - i0]")}
+    {_ROWS} {acc_call("accs[i - i0]", "merge", "A[i - i0]")}
   if (je > seen) seen = je;
   }}
   return 0;

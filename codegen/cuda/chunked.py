@@ -10,7 +10,7 @@ rows into registers. Then the narrow rest of the formula runs per pair.
 from __future__ import annotations
 
 from .. import ir
-from ..render_c import VarSpec, acc_call, array, formula_call
+from ..render_c import VarSpec, acc_call, array, formula_call, loop
 from .chunks import ChunkedSums
 from .skeleton import CHUNK_BYTES, CHUNK_ROWS, element_size, kernel_entry, row_registers, tile_loop
 
@@ -72,7 +72,7 @@ static const int C = {C};  // components per chunk of the vector dimension
 {"".join(sums_code)}
     if (active) {{
 #pragma unroll
-      for (int r = 0; r < R; ++r) {{
+      {loop("r", "R")} {{
         if (r < nj) {{
           {array("o", formula.dim)}
           {formula_call(call)}

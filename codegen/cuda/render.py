@@ -132,12 +132,12 @@ class CudaRenderer(CRenderer):
       under fast math); ``storage``: none (a wide formula is chunked instead, :mod:`.chunks`);
     - :meth:`acc_dtype` and :meth:`accumulator` (hooks): the CUDA ``Acc`` of
       :mod:`.accumulators`, which takes the pairs one at a time (a tile buffer would be
-      local memory on a GPU);
-    - ``tuning``: the thresholds it hands to the shared passes (:data:`.TUNING`).
+      local memory on a GPU).
+
+    Wide sums are planned with the backend's tuning (:data:`lazytensor.codegen.cuda.TUNING`).
     """
 
     name = "cuda"
-    tuning = TUNING
 
     def acc_dtype(self, reduction: str, opts: dict) -> str:
         return _acc_dtype(reduction, opts, self.dtype)
