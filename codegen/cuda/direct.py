@@ -7,7 +7,7 @@ accumulator takes the tile through ``Acc::tile`` (see :mod:`.accumulators`).
 
 from __future__ import annotations
 
-from ..render_c import acc_call
+from ..render_c import acc_call, formula_call
 from .skeleton import kernel_entry, min_blocks, row_registers, stage_tile, tile_loop, tile_rows
 
 
@@ -40,7 +40,7 @@ static const int TJC = {tj if staged else 256};  // j-rows per tile
     {"__syncthreads();  // the previous tile is read" if staged else ""}
     {nl.join(copies)}
     {"__syncthreads();" if staged else ""}
-    if (active) acc.tile([&](int jj, T* o) {{ lt_formula({", ".join(call)}, o); }}, nj, j0);
+    if (active) {acc_call("acc", "tile", f"[&](int jj, T* o) {{ {formula_call(call)} }}", "nj", "j0")}
   {loop_close}
   if (active) lt_finish(a, k, i, acc);
 }}
