@@ -23,7 +23,7 @@ from typing import Callable, Optional
 
 from . import ir
 from .evaluate import evaluate
-from .ops import OpDef, apply, broadcast_dim, c_literal, elem, get, register
+from .ops import CDialect, OpDef, apply, broadcast_dim, c_literal, elem, get, register
 
 ELEMENTWISE: dict[str, OpDef] = {}  # the ops defined here (and by users), by name
 
@@ -89,20 +89,20 @@ def _sympy_derivative_exprs(name, params):
     return out
 
 
-def _c_text(name: str, dtype: str, arg_texts, params) -> str:
+def _c_text(name: str, dialect: CDialect, arg_texts, params) -> str:
     opdef = get(name)
     if opdef.c is not None:
-        return opdef.c(dtype, *arg_texts, *params)
-    return _sympy_c_text(name, dtype, tuple(arg_texts), params)
+        return opdef.c(dialect, *arg_texts, *params)
+    return _sympy_c_text(name, dialect, tuple(arg_texts), params)
 
 
 @functools.lru_cache(maxsize=4096)
-def _sympy_c_text(name, dtype, arg_texts, params):
+def _sympy_c_text(name, dialect: CDialect, arg_texts, params):
     from . import sympy_bridge
 
     opdef = get(name)
     expr = opdef.sym(*sympy_bridge.symbols(opdef.arity), *params)
-    return sympy_bridge.c_expression(expr, dtype, list(arg_texts))
+    return sympy_bridge.c_expression(expr, dialect.dtype, list(arg_texts), dialect.functions)
 
 
 def _lambdified_ref(name: str, arity: int):
@@ -167,8 +167,9 @@ def define(
 ) -> OpDef:
     """Register an elementwise op.
 
-    ``sym(a0, ..., *params)`` returns its sympy expression; ``c(dtype, a0, ..., *params)``
-    optionally overrides its C text; ``ref(xp, arrays, params)`` its reference;
+    ``sym(a0, ..., *params)`` returns its sympy expression; ``c(dialect, a0, ..., *params)``
+    optionally overrides its C text (``dialect``: an :class:`~lazytensor.codegen.ops.CDialect`,
+    whose ``call`` names the backend's maths functions); ``ref(xp, arrays, params)`` its reference;
     ``derivs(a0, ..., *params)`` its partial derivatives as IR (default: sympy's);
     ``keops`` its names in formula strings, ``method`` its ``LazyTensor`` method, ``doc``
     and ``example`` that method's docstring, ``interop`` the NumPy/SciPy/torch functions
@@ -177,10 +178,10 @@ def define(
     if not differentiable:
         derivs = lambda *a: [None] * arity  # noqa: E731
 
-    def emit(node, out, args, dtype):
+    def emit(node, out, args, dtype, functions=()):
         dims = [a.dim for a in node.args]
         texts = [elem(a, d, "k") for a, d in zip(args, dims)]
-        expr = _c_text(node.op, dtype, texts, node.params)
+        expr = _c_text(node.op, CDialect(dtype, functions), texts, node.params)
         if node.dim == 1:
             return f"{out}[0] = {expr};"
         return f"for (int k = 0; k < {node.dim}; ++k) {out}[k] = {expr};"
@@ -209,7 +210,8 @@ def _step(x):
 
 
 def _fn(name):
-    return lambda dtype, *a: f"{name}{'f' if dtype == 'float32' else ''}({', '.join(a)})"
+    """The C text of a call of maths function ``name``, as the dialect names it."""
+    return lambda dialect, *a: dialect.call(name, *a)
 
 
 def _np(fname):
@@ -247,33 +249,33 @@ def _example2(expr: str, result: str) -> str:
 
 # ------------------------------------------------------------------ arithmetic
 
-define("add", 2, sym=lambda a, b: a + b, c=lambda dt, a, b: f"({a} + {b})",
+define("add", 2, sym=lambda a, b: a + b, c=lambda dl, a, b: f"({a} + {b})",
        ref=lambda xp, t, p: t[0] + t[1], derivs=lambda a, b: [_c(1), _c(1)],
        keops=("Add",), method="__add__", doc="``self + other``",
        example=_example2("x + y", "[[1.0, 2.0, 3.0], [2.0, 3.0, 4.0]]"))
-define("sub", 2, sym=lambda a, b: a - b, c=lambda dt, a, b: f"({a} - {b})",
+define("sub", 2, sym=lambda a, b: a - b, c=lambda dl, a, b: f"({a} - {b})",
        ref=lambda xp, t, p: t[0] - t[1], derivs=lambda a, b: [_c(1), _c(-1)],
        keops=("Subtract",), method="__sub__", doc="``self - other``",
        example=_example2("x - y", "[[1.0, 0.0, -1.0], [2.0, 1.0, 0.0]]"))
 define("mul", 2, interop=("numpy.multiply", "torch.mul", "torch.multiply", "torch.Tensor.mul"),
-       sym=lambda a, b: a * b, c=lambda dt, a, b: f"({a} * {b})",
+       sym=lambda a, b: a * b, c=lambda dl, a, b: f"({a} * {b})",
        ref=lambda xp, t, p: t[0] * t[1], derivs=lambda a, b: [b, a],
        keops=("Mult",), method="__mul__", doc="``self * other``",
        example=_example2("x * y", "[[0.0, 1.0, 2.0], [0.0, 2.0, 4.0]]"))
-define("div", 2, sym=lambda a, b: a / b, c=lambda dt, a, b: f"({a} / {b})",
+define("div", 2, sym=lambda a, b: a / b, c=lambda dl, a, b: f"({a} / {b})",
        ref=lambda xp, t, p: t[0] / t[1],
        derivs=lambda a, b: [apply("pow", b, params=(-1.0,)),
                             apply("neg", apply("div", a, apply("mul", b, b)))],
        keops=("Divide",), method="__truediv__", doc="``self / other``",
        example=_example2("y / x", "[[0.0, 1.0, 2.0], [0.0, 0.5, 1.0]]"))
 define("neg", 1, interop=("numpy.negative", "torch.neg", "torch.negative"),
-       sym=lambda a: -a, c=lambda dt, a: f"(-{a})",
+       sym=lambda a: -a, c=lambda dl, a: f"(-{a})",
        ref=lambda xp, t, p: -t[0], derivs=lambda a: [_c(-1)], keops=("Minus",), method="__neg__",
        doc="``-self``", example=(">>> x = Vi(np.array([[-1.0], [2.0]]))\n"
                                  ">>> (-x).dense().round(4).tolist()\n[[1.0], [-2.0]]"))
 
 
-def _pow_c(dtype, a, p):
+def _pow_c(dialect, a, p):
     p = float(p)
     if p == int(p) and 0 <= p <= 16:
         n = int(p)
@@ -281,10 +283,10 @@ def _pow_c(dtype, a, p):
     if p == int(p) and -16 <= p < 0:
         return "((T)1/(" + "*".join([a] * int(-p)) + "))"
     if p == 0.5:
-        return _fn("sqrt")(dtype, a)
+        return _fn("sqrt")(dialect, a)
     if p == -0.5:
-        return f"((T)1/{_fn('sqrt')(dtype, a)})"
-    return _fn("pow")(dtype, a, c_literal(p, dtype))
+        return f"((T)1/{_fn('sqrt')(dialect, a)})"
+    return _fn("pow")(dialect, a, c_literal(p, dialect.dtype))
 
 
 def _pow_ref(xp, t, params):
@@ -304,14 +306,14 @@ define("pow", 1, sym=lambda a, p: a ** p, c=_pow_c, ref=_pow_ref,
 
 # ------------------------------------------------------------------ branches and comparisons
 
-define("ifelse", 3, c=lambda dt, c, a, b: f"({c} >= 0 ? {a} : {b})",
+define("ifelse", 3, c=lambda dl, c, a, b: f"({c} >= 0 ? {a} : {b})",
        ref=lambda xp, t, p: xp.where(t[0] >= 0, t[1], t[2]),
        derivs=lambda c, a, b: [None, _step(c), apply("sub", _c(1), _step(c))],
        doc="a where c >= 0, else b (as pykeops)", keops=("IfElse",), method="ifelse",
        example=_example2("(x - y).ifelse(x, -y)", "[[1.0, 1.0, -2.0], [2.0, 2.0, 2.0]]"))
 # step and relu return literal zeros: `a * 0` would turn -inf into NaN (relu(-inf) = 0).
 define("step", 1, sym=lambda a: _sp("Heaviside")(a),
-       c=lambda dt, a: f"({a} < 0 ? (T)0 : ({a} == {a} ? (T)1 : {a}))",
+       c=lambda dl, a: f"({a} < 0 ? (T)0 : ({a} == {a} ? (T)1 : {a}))",
        ref=lambda xp, t, p: xp.where(t[0] != t[0], t[0], xp.as_float(t[0] >= 0, t[0])),
        differentiable=False, doc="1 where a >= 0, 0 where a < 0, NaN for NaN (step(0) = 1)",
        keops=("Step",), method="step", example=_example("step", (-1.0, 0.0), "[[0.0], [1.0]]"))
@@ -320,7 +322,7 @@ define("sign", 1, interop=("numpy.sign", "torch.sign"),
        ref=_np("sign"), differentiable=False, keops=("Sign",), method="sign",
        doc="the sign of a: -1, 0 or 1 (NaN for NaN)",
        example=_example("sign", (-2.0, 0.0), "[[-1.0], [0.0]]"))
-define("relu", 1, c=lambda dt, a: f"({a} < 0 ? (T)0 : {a})",
+define("relu", 1, c=lambda dl, a: f"({a} < 0 ? (T)0 : {a})",
        ref=lambda xp, t, p: xp.where(t[0] < 0, xp.zeros_like(t[0]), t[0]),
        derivs=lambda a: [apply("sub", _c(1), _step(apply("neg", a)))], keops=("ReLU",),
        method="relu", doc="max(a, 0) (relu(-inf) = 0)",
@@ -330,13 +332,13 @@ define("abs", 1, interop=("numpy.absolute", "numpy.fabs", "torch.abs", "torch.ab
        derivs=lambda a: [apply("sign", a)], keops=("Abs",), method="abs",
        doc="absolute value ``|a|``",
        example=_example("abs", (-1.0, 2.0), "[[1.0], [2.0]]"))
-define("min2", 2, c=lambda dt, a, b: _nan_guard(f"({a} <= {b} ? {a} : {b})", a, b),
+define("min2", 2, c=lambda dl, a, b: _nan_guard(f"({a} <= {b} ? {a} : {b})", a, b),
        ref=_np("minimum"),
        derivs=lambda a, b: [_step(apply("sub", b, a)), apply("sub", _c(1), _step(apply("sub", b, a)))])
-define("max2", 2, c=lambda dt, a, b: _nan_guard(f"({a} >= {b} ? {a} : {b})", a, b),
+define("max2", 2, c=lambda dl, a, b: _nan_guard(f"({a} >= {b} ? {a} : {b})", a, b),
        ref=_np("maximum"),
        derivs=lambda a, b: [_step(apply("sub", a, b)), apply("sub", _c(1), _step(apply("sub", a, b)))])
-define("clamp", 3, c=lambda dt, x, a, b: f"({x} < {a} ? {a} : ({x} > {b} ? {b} : {x}))",
+define("clamp", 3, c=lambda dl, x, a, b: f"({x} < {a} ? {a} : ({x} > {b} ? {b} : {x}))",
        ref=lambda xp, t, p: xp.where(t[0] < t[1], t[1], xp.where(t[0] > t[2], t[2], t[0])),
        derivs=lambda x, a, b: [
            apply("mul", _step(apply("sub", x, a)), _step(apply("sub", b, x))),
@@ -357,16 +359,16 @@ _COMPARISONS = {
 # the NumPy and torch functions of each comparison (a tensor's method too: t < K calls
 # Tensor.lt(t, K))
 _COMPARISON_FUNCTIONS = {
-    "eq": ('numpy.equal', 'torch.eq', 'torch.Tensor.eq'),
-    "ne": ('numpy.not_equal', 'torch.ne', 'torch.not_equal', 'torch.Tensor.ne'),
-    "lt": ('numpy.less', 'torch.lt', 'torch.less', 'torch.Tensor.lt'),
-    "gt": ('numpy.greater', 'torch.gt', 'torch.greater', 'torch.Tensor.gt'),
-    "le": ('numpy.less_equal', 'torch.le', 'torch.less_equal', 'torch.Tensor.le'),
-    "ge": ('numpy.greater_equal', 'torch.ge', 'torch.greater_equal', 'torch.Tensor.ge'),
+    "lt": ("numpy.less", "torch.lt", "torch.less", "torch.Tensor.lt"),
+    "le": ("numpy.less_equal", "torch.le", "torch.less_equal", "torch.Tensor.le"),
+    "gt": ("numpy.greater", "torch.gt", "torch.greater", "torch.Tensor.gt"),
+    "ge": ("numpy.greater_equal", "torch.ge", "torch.greater_equal", "torch.Tensor.ge"),
+    "eq": ("numpy.equal", "torch.eq", "torch.Tensor.eq"),
+    "ne": ("numpy.not_equal", "torch.ne", "torch.not_equal", "torch.Tensor.ne"),
 }
 for _name, (_op, _pyop, _table) in _COMPARISONS.items():
     define(_name, 2, interop=_COMPARISON_FUNCTIONS[_name],
-           c=lambda dt, a, b, _op=_op: f"(({a} {_op} {b}) ? (T)1 : (T)0)",
+           c=lambda dl, a, b, _op=_op: f"(({a} {_op} {b}) ? (T)1 : (T)0)",
            ref=lambda xp, t, p, _pyop=_pyop: xp.as_float(_pyop(t[0], t[1]), t[0]),
            differentiable=False, doc=f"1.0 where ``self {_op} other``, else 0.0",
            method=f"__{_name}__", example=_example2(f"x {_op} y", _table))
@@ -385,8 +387,6 @@ define("round", 1, c=_fn("round"), differentiable=False,
        example=_example("round", (-1.5, 0.5), "[[-2.0], [1.0]]"))
 
 # ------------------------------------------------------------------ transcendental functions
-
-
 
 def _interop(name: str, np_name: str) -> tuple:
     """The NumPy (SciPy for erf, erfc) and torch functions of a transcendental function;
@@ -442,12 +442,12 @@ define("expm1", 1, interop=("numpy.expm1", "torch.expm1", "torch.special.expm1")
        doc="exp(a) - 1, accurate for small a",
        example=_example("expm1", (0.0, 1.0), "[[0.0], [1.7183]]"))
 define("square", 1, interop=("numpy.square", "torch.square"),
-       sym=lambda a: a * a, c=lambda dt, a: f"({a} * {a})",
+       sym=lambda a: a * a, c=lambda dl, a: f"({a} * {a})",
        ref=lambda xp, t, p: t[0] * t[0], derivs=lambda a: [apply("mul", _c(2), a)],
        keops=("Square",), method="square", doc="a * a",
        example=_example("square", (-2.0, 3.0), "[[4.0], [9.0]]"))
 define("inv", 1, interop=("numpy.reciprocal", "torch.reciprocal"),
-       sym=lambda a: 1 / a, c=lambda dt, a: f"((T)1 / {a})",
+       sym=lambda a: 1 / a, c=lambda dl, a: f"((T)1 / {a})",
        ref=lambda xp, t, p: 1 / t[0], derivs=lambda a: [apply("neg", apply("pow", a, params=(-2.0,)))],
        keops=("Inv",), method="inv", doc="1 / a",
        example=_example("inv", (2.0, 4.0), "[[0.5], [0.25]]"))
@@ -460,7 +460,7 @@ define("sqrt", 1, interop=("numpy.sqrt", "torch.sqrt"),
        example=_example("sqrt", (0.0, 4.0), "[[0.0], [2.0]]"))
 define("rsqrt", 1, interop=("torch.rsqrt",),
        sym=lambda a: a ** _sp("Rational")(-1, 2),
-       c=lambda dt, a: f"({a} == 0 ? (T)0 : (T)1 / {_fn('sqrt')(dt, a)})",
+       c=lambda dl, a: f"({a} == 0 ? (T)0 : (T)1 / {_fn('sqrt')(dl, a)})",
        ref=lambda xp, t, p: xp.where(t[0] == 0, 0 * t[0],
                                      1 / xp.sqrt(xp.where(t[0] == 0, 1 + 0 * t[0], t[0]))),
        derivs=lambda a: [apply("mul", _c(-0.5), apply("pow", apply("rsqrt", a), params=(3.0,)))],
@@ -474,43 +474,43 @@ define("powf", 2, sym=lambda a, b: a ** b, c=_fn("pow"), ref=lambda xp, t, p: t[
        example=_example2("x.powf(y)", "[[1.0, 1.0, 1.0], [1.0, 2.0, 4.0]]"))
 define("sigmoid", 1, interop=("scipy.special.expit", "torch.sigmoid", "torch.special.expit"),
        sym=lambda a: 1 / (1 + _sp("exp")(-a)),
-       c=lambda dt, a: f"((T)1 / ((T)1 + {_fn('exp')(dt, '-' + a)}))",
+       c=lambda dl, a: f"((T)1 / ((T)1 + {_fn('exp')(dl, '-' + a)}))",
        ref=lambda xp, t, p: 1 / (1 + xp.exp(-t[0])),
        derivs=lambda a: [apply("mul", apply("sigmoid", a), apply("sub", _c(1), apply("sigmoid", a)))],
        keops=("Sigmoid",), method="sigmoid", doc="logistic function 1 / (1 + exp(-a))",
        example=_example("sigmoid", (0.0, 1.0), "[[0.5], [0.7311]]"))
 define("softplus", 1, sym=lambda a: _sp("log")(1 + _sp("exp")(a)),
-       c=lambda dt, a: f"({a} > 0 ? {a} + {_fn('log1p')(dt, _fn('exp')(dt, '-' + a))} : "
-                       f"{_fn('log1p')(dt, _fn('exp')(dt, a))})",
+       c=lambda dl, a: f"({a} > 0 ? {a} + {_fn('log1p')(dl, _fn('exp')(dl, '-' + a))} : "
+                       f"{_fn('log1p')(dl, _fn('exp')(dl, a))})",
        ref=lambda xp, t, p: xp.maximum(t[0], xp.zeros_like(t[0])) + xp.log1p(xp.exp(-xp.abs(t[0]))),
        derivs=lambda a: [apply("sigmoid", a)], doc="log(1 + exp(a)), overflow-free",
        keops=("Softplus",), method="softplus",
        example=_example("softplus", (0.0, 1.0), "[[0.6931], [1.3133]]"))
 define("logsigmoid", 1, interop=("scipy.special.log_expit", "torch.nn.functional.logsigmoid"),
        sym=lambda a: -_sp("log")(1 + _sp("exp")(-a)),
-       c=lambda dt, a: f"(-({a} < 0 ? -{a} + {_fn('log1p')(dt, _fn('exp')(dt, a))} : "
-                       f"{_fn('log1p')(dt, _fn('exp')(dt, '-' + a))}))",
+       c=lambda dl, a: f"(-({a} < 0 ? -{a} + {_fn('log1p')(dl, _fn('exp')(dl, a))} : "
+                       f"{_fn('log1p')(dl, _fn('exp')(dl, '-' + a))}))",
        ref=lambda xp, t, p: -(xp.maximum(-t[0], xp.zeros_like(t[0])) + xp.log1p(xp.exp(-xp.abs(t[0])))),
        derivs=lambda a: [apply("sigmoid", apply("neg", a))], keops=("LogSigmoid",),
        method="logsigmoid", doc="log(sigmoid(a)) = -softplus(-a), overflow-free",
        example=_example("logsigmoid", (0.0, 1.0), "[[-0.6931], [-0.3133]]"))
 define("xlogx", 1, sym=lambda a: a * _sp("log")(a),
-       c=lambda dt, a: f"({a} == 0 ? (T)0 : {a} * {_fn('log')(dt, a)})",
+       c=lambda dl, a: f"({a} == 0 ? (T)0 : {a} * {_fn('log')(dl, a)})",
        ref=lambda xp, t, p: xp.where(t[0] == 0, 0 * t[0], t[0] * xp.log(xp.where(t[0] == 0, 1 + 0 * t[0], t[0]))),
        derivs=lambda a: [apply("add", apply("log", a), _c(1))], doc="x log x, 0 at 0",
        keops=("XLogX",), method="xlogx", example=_example("xlogx", (0.0, 2.0), "[[0.0], [1.3863]]"))
 define("sinxdivx", 1, sym=lambda a: _sp("sin")(a) / a,
-       c=lambda dt, a: f"({a} == 0 ? (T)1 : {_fn('sin')(dt, a)} / {a})",
+       c=lambda dl, a: f"({a} == 0 ? (T)1 : {_fn('sin')(dl, a)} / {a})",
        ref=lambda xp, t, p: xp.where(t[0] == 0, 1 + 0 * t[0], xp.sin(t[0]) / xp.where(t[0] == 0, 1 + 0 * t[0], t[0])),
        derivs=lambda a: [_sinxdivx_derivative(a)],
        doc="sin(x)/x, 1 at 0", keops=("SinXDivX",), method="sinxdivx",
        example=_example("sinxdivx", (0.0, 1.0), "[[1.0], [0.8415]]"))
 
 
-def _softmax_weight_c(dtype, f, lse, limit):
+def _softmax_weight_c(dialect, f, lse, limit):
     fr = f"lt_rounded({f})"
     inf = f"({fr} == {lse} && {lse} == (T)INFINITY) ? (T)1 : " if limit else ""
-    return f"({inf}{_fn('exp')(dtype, f'{fr} - {lse}')})"
+    return f"({inf}{_fn('exp')(dialect, f'{fr} - {lse}')})"
 
 
 def _softmax_weight_ref(xp, t, params):

@@ -20,10 +20,16 @@ second a product of the (rows × j) matrix of weights with the (j × E) matrix o
 kernel accumulates it with the vector along E and the weight broadcast. The formula
 dimension the pair loop sees drops from E to the number of distinct weights.
 
+The thresholds (which formulas are wide, how many weights the pair loop may carry, which
+dot products a gradient distributes) are the backend's: every pass here takes its
+:class:`~lazytensor.codegen.tuning.Tuning` and imports no backend.
+
 >>> from lazytensor.codegen import ir, ops
+>>> from lazytensor.codegen.tuning import Tuning
+>>> tuning = Tuning(wide=16, dot_min_dim=16, max_dot_dim=4096)
 >>> x, y, v = ir.var(0, 3, "i"), ir.var(1, 3, "j"), ir.var(2, 64, "j")
 >>> k = ops.apply("exp", ops.apply("neg", ops.apply("sum", ops.apply("square", ops.apply("sub", x, y)))))
->>> lin = linearize(ops.apply("mul", k, v))
+>>> lin = linearize(ops.apply("mul", k, v), tuning)
 >>> lin.narrow.dim, [(t.weight, t.factor.index, t.offset, t.coef) for t in lin.col_terms]
 (1, [(0, 2, 0, 1.0)])
 """
@@ -33,11 +39,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import ir, ops, reductions
-from .cpu import DOT_MIN_DIM, MAX_DOT_DIM, WIDE
 from .simplify import distribute_dots, simplify
-
-MIN_WIDE = WIDE + 1  # below this a formula vectorizes across j as it is
-MAX_NARROW = WIDE  # weights + direct components the pair loop may carry
+from .tuning import Tuning
 
 
 @dataclass(frozen=True)
@@ -155,11 +158,15 @@ def _lin(node: ir.Node, memo: dict, depth: int = 0):
     return None
 
 
-def linearize(formula: ir.Node, max_narrow: int = MAX_NARROW) -> Linear | None:
+def linearize(formula: ir.Node, tuning: Tuning, max_narrow: int | None = None) -> Linear | None:
     """The weighted-sum form of ``formula`` (see the module docstring), or None when it
-    does not pay: narrow formulas, terms that are not linear in vectors free of i or of j,
-    no j-variable factor, or more than ``max_narrow`` weights and direct components."""
-    if formula.dim < MIN_WIDE:
+    does not pay: narrow formulas (up to ``tuning.wide`` components: they vectorize across
+    j as they are), terms that are not linear in vectors free of i or of j, no j-variable
+    factor, or more than ``max_narrow`` (default ``tuning.wide``) weights and direct
+    components."""
+    if max_narrow is None:
+        max_narrow = tuning.wide
+    if formula.dim <= tuning.wide:
         return None
     memo: dict = {}
     weights: dict = {}  # weight node -> component
@@ -209,15 +216,15 @@ def linearize(formula: ir.Node, max_narrow: int = MAX_NARROW) -> Linear | None:
     return Linear(narrow, tuple(row_terms), tuple(col_terms), direct, formula.dim, tuple(comps))
 
 
-def wide_sum(formula: ir.Node, reduction: str) -> Linear | None:
-    """The weighted-sum form the CPU kernel can use, or None: a Sum (or a softmax-weighted
-    sum / weighted log-sum-exp, whose weight is the wide part: the reductions whose
-    ``wide`` is "sum" or "softmax") whose wide terms are all weights times j-variables
-    (row terms are split off before, by the caller)."""
+def wide_sum(formula: ir.Node, reduction: str, tuning: Tuning) -> Linear | None:
+    """The weighted-sum form a kernel of the backend tuned by ``tuning`` can use, or None:
+    a Sum (or a softmax-weighted sum / weighted log-sum-exp, whose weight is the wide part:
+    the reductions whose ``wide`` is "sum" or "softmax") whose wide terms are all weights
+    times j-variables (row terms are split off before, by the caller)."""
     wide = reductions.get(reduction).wide
-    if wide is None or formula.dim <= WIDE:
+    if wide is None or formula.dim <= tuning.wide:
         return None
-    lin = linearize(formula, max_narrow=WIDE)
+    lin = linearize(formula, tuning)
     if lin is None or lin.row_terms or not lin.col_terms:
         return None
     if wide == "softmax" and not any(off == 0 for _, off in lin.direct):
@@ -235,11 +242,11 @@ class RowSplit:
     dim: int
 
 
-def split_rows(formula: ir.Node) -> RowSplit | None:
+def split_rows(formula: ir.Node, tuning: Tuning) -> RowSplit | None:
     """Move the row terms ``coef s(i, j) L(i)`` of a wide formula out of the pair loop: the
     kernel sums the weights ``s`` (one more component each), the caller multiplies by
     ``L(i)`` once per row. None when the formula has no row terms (or is not linear)."""
-    lin = linearize(formula)
+    lin = linearize(formula, tuning)
     if lin is None or not lin.row_terms:
         return None
     comps = lin.components
@@ -279,8 +286,9 @@ class GradientForm:
     split: RowSplit | None
 
 
-def plan_gradient_sum(formula: ir.Node, n_vars: int) -> GradientForm:
-    """The structure of a gradient formula, worked out once per formula (no arrays).
+def plan_gradient_sum(formula: ir.Node, n_vars: int, tuning: Tuning) -> GradientForm:
+    """The structure of a gradient formula, worked out once per formula (no arrays), for a
+    backend tuned by ``tuning``.
 
     ``⟨g_j, v_i - out_j⟩`` is first written ``⟨g_j, v_i⟩ - ⟨g_j, out_j⟩``; then narrow
     values of the reduced side alone that read wide vectors of several j-variables (the
@@ -289,10 +297,11 @@ def plan_gradient_sum(formula: ir.Node, n_vars: int) -> GradientForm:
     j-variable itself). Then the row terms are split off (:func:`split_rows`).
 
     >>> x, y = ir.var(0, 3, "i"), ir.var(1, 3, "j")
-    >>> plan_gradient_sum(ops.apply("mul", x, y), 2).hoisted
+    >>> plan_gradient_sum(ops.apply("mul", x, y), 2, Tuning(16, 16, 4096)).hoisted
     ()
     """
-    formula = distribute_dots(formula, DOT_MIN_DIM, MAX_DOT_DIM)
+    formula = distribute_dots(formula, tuning.dot_min_dim, tuning.max_dot_dim)
+    wide = tuning.wide
     info: dict = {}  # node -> (reads only j-variables, widest vector read, variables read)
     for n in ir.topo_order(formula):
         if n.op == "var":
@@ -311,11 +320,11 @@ def plan_gradient_sum(formula: ir.Node, n_vars: int) -> GradientForm:
             continue
         seen.add(n)
         only_j, widest, used = info[n]
-        if only_j and n.dim <= WIDE and widest > WIDE and len(used) >= 2:
+        if only_j and n.dim <= wide and widest > wide and len(used) >= 2:
             hoisted[n] = None
             continue
         stack.extend(n.args)
     if hoisted:
         formula = ir.substitute(formula, {n: ir.var(n_vars + k, n.dim, "j")
                                           for k, n in enumerate(hoisted)})
-    return GradientForm(formula, tuple(hoisted), split_rows(formula))
+    return GradientForm(formula, tuple(hoisted), split_rows(formula, tuning))

@@ -31,7 +31,8 @@ EmitFn = Callable[[ir.Node, str, list, str], str]
 class OpDef:
     """Everything about one op. ``arity=None`` means variadic.
 
-    ``emit(node, out, args, dtype)`` returns C statements filling ``out[0..dim)``;
+    ``emit(node, out, args, dtype)`` returns C statements filling ``out[0..dim)`` (the
+    elementwise records' also take the backend's maths ``functions``: :func:`emit_c`);
     ``ref(xp, arrays, params)`` is the reference on arrays whose last axis is the vector;
     ``vjp(node, g)`` gives one cotangent (Node or None) per argument, ``jvp(node,
     tangents)`` the tangent of the node (or None). ``keops`` lists the names the op has in
@@ -44,8 +45,8 @@ class OpDef:
     called on LazyTensors, they build it (:mod:`lazytensor.interop.table`).
 
     Elementwise scalar functions also keep their definition: ``sym(a0, ..., *params)``
-    (sympy expression), ``c(dtype, a0, ..., *params)`` (C text, when the printed sympy
-    expression is not the best C) and ``partials(a0, ..., *params)`` (partial
+    (sympy expression), ``c(dialect, a0, ..., *params)`` (C text, when the printed sympy
+    expression is not the best C; ``dialect`` a :class:`CDialect`) and ``partials(a0, ..., *params)`` (partial
     derivatives as IR, when sympy's are not the numerically best form).
     """
 
@@ -122,6 +123,49 @@ def broadcast_dim(name: str):
         return big.pop() if big else 1
 
     return rule
+
+
+@dataclass(frozen=True)
+class CDialect:
+    """How the C text of an op is written for one kernel: its ``dtype``, and the backend's
+    own maths ``functions`` as (libm's name, the backend's) pairs: a table a renderer
+    overrides (the CPU's vectorizable ``lt_exp``, overloaded for float and double, in
+    place of ``expf`` / ``exp``).
+
+    >>> CDialect("float32").call("exp", "x"), CDialect("float64").call("exp", "x")
+    ('expf(x)', 'exp(x)')
+    >>> CDialect("float32", (("exp", "lt_exp"),)).call("exp", "x")
+    'lt_exp(x)'
+    """
+
+    dtype: str
+    functions: tuple = ()
+
+    def function(self, name: str) -> str:
+        """The C name of maths function ``name`` (libm's, without the float suffix)."""
+        return c_function(name, self.dtype, self.functions)
+
+    def call(self, name: str, *args: str) -> str:
+        return f"{self.function(name)}({', '.join(args)})"
+
+
+def c_function(name: str, dtype: str, functions: tuple = ()) -> str:
+    """The C name of maths function ``name`` ("exp") in a ``dtype`` kernel: the backend's
+    own from ``functions`` (pairs), else libm's (``expf`` for float32)."""
+    for libm, own in functions:
+        if libm == name:
+            return own
+    return name + ("f" if dtype == "float32" else "")
+
+
+def emit_c(node: ir.Node, out: str, args: list, dtype: str, functions: tuple = ()) -> str:
+    """C statements filling ``out`` with the value of ``node`` (its record's ``emit``);
+    the elementwise ops, the only ones that call maths functions, call the backend's
+    ``functions`` (see :class:`CDialect`)."""
+    opdef = get(node.op)
+    if opdef.elementwise:
+        return opdef.emit(node, out, args, dtype, functions)
+    return opdef.emit(node, out, args, dtype)
 
 
 def c_literal(value: float, dtype: str) -> str:

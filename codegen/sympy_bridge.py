@@ -30,7 +30,9 @@ _DIGITS = 40  # significant digits of a literal that is not exact in decimal
 
 
 @functools.cache
-def _printer(dtype: str):
+def _printer(dtype: str, functions: tuple = ()):
+    """The printer of ``dtype`` kernels; ``functions``: the backend's own maths functions
+    as (C name, its name) pairs (see :class:`lazytensor.codegen.ops.CDialect`)."""
     import sympy
     from sympy.codegen.ast import float32, real
     from sympy.printing.c import C99CodePrinter
@@ -97,7 +99,19 @@ def _printer(dtype: str):
             return literal_text(value) + suffix
 
     settings = {"type_aliases": {real: float32}} if dtype == "float32" else {}
-    return KernelPrinter(settings)
+    printer = KernelPrinter(settings)
+    own = dict(functions)
+    for sympy_name, c_name in printer.known_functions.items():  # the backend's own, by name
+        if isinstance(c_name, str) and c_name in own:
+            setattr(KernelPrinter, f"_print_{sympy_name}", _own_function(own[c_name]))
+    return printer
+
+
+def _own_function(name: str):
+    def print_call(self, expr):
+        return f"{name}({', '.join(self._print(a) for a in expr.args)})"
+
+    return print_call
 
 
 def _finite(value) -> float:
@@ -143,9 +157,10 @@ def literal_text(value) -> str:
 _ARG_RE = re.compile(r"\ba(\d+)\b")
 
 
-def c_expression(expr, dtype: str, arg_texts: list[str]) -> str:
-    """C text of a sympy expression in symbols ``a0, a1, ...`` with arguments substituted."""
-    text = check_c_text(_printer(dtype).doprint(expr))
+def c_expression(expr, dtype: str, arg_texts: list[str], functions: tuple = ()) -> str:
+    """C text of a sympy expression in symbols ``a0, a1, ...`` with arguments substituted
+    (``functions``: the backend's own maths functions, see :func:`_printer`)."""
+    text = check_c_text(_printer(dtype, functions).doprint(expr), {own for _, own in functions})
     return _ARG_RE.sub(lambda m: arg_texts[int(m.group(1))], text)
 
 
@@ -171,9 +186,9 @@ def _c_names() -> frozenset:
     return frozenset(names | set(printer.math_macros.values()) | _MACROS)
 
 
-def check_c_text(text: str) -> str:
+def check_c_text(text: str, own: set | frozenset = frozenset()) -> str:
     """Return ``text`` if it holds only numbers, argument names ``a0, a1, ...``, known C
-    functions and macros, and operators; else raise ``ValueError`` (nothing else, such
+    functions (and the backend's ``own``) and macros, and operators; else raise ``ValueError`` (nothing else, such
     as a ``#`` line, a quote or a comment, ever goes into a kernel).
 
     >>> check_c_text("exp(-a0)*1.5F")
@@ -186,7 +201,8 @@ def check_c_text(text: str) -> str:
     while position < len(text):
         match = _TOKEN_RE.match(text, position)
         name = match and match.group("name")
-        if match is None or (name and name not in _c_names() and not _ARG_RE.fullmatch(name)):
+        if match is None or (name and name not in _c_names() and name not in own
+                             and not _ARG_RE.fullmatch(name)):
             raise ValueError("the C printer produced text that is not an expression of known "
                              f"names: {text[position:position + 60]!r}")
         position = match.end()

@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 from lazytensor.codegen import ir, ops
 from lazytensor.codegen.compilers import cpu_compiler
+from lazytensor.codegen.cpu import kernel as cpu_kernel
 from lazytensor.codegen.cpu.kernel import render_cpu_kernel
 from lazytensor.codegen.cpu.stack import cpu_kernel_memory
 from lazytensor.codegen.footprint import MAX_NODE_DIM, FormulaTooLarge
@@ -30,6 +31,7 @@ from lazytensor.codegen.render_c import VarSpec
 
 from lazytensor import Genred, Vi, Vj
 from lazytensor.backends.cpu import runtime
+from lazytensor.engine import plans as engine
 
 needs_compiler = pytest.mark.skipif(not cpu_compiler().available, reason="no C++ compiler")
 pytestmark = needs_compiler
@@ -191,6 +193,36 @@ def test_values_beyond_the_heap_budget_are_refused_before_compiling(no_build):
     x, y = np.ones((1, 20000)), np.ones((2, 20000))  # a value of 400 M doubles
     with pytest.raises(ValueError, match=r"needs 3051 MB per thread for its intermediate"):
         Vi(x).tensorprod(Vj(y)).sum().sum(dim=1)
+
+
+def test_a_kernel_is_planned_once_when_built_and_not_at_all_when_read_from_disk(
+        monkeypatch, rng, tmp_path):
+    """The stack check and the render read one plan of the kernel; a kernel found on disk
+    is checked against the stack from its cache entry's metadata, with no plan at all."""
+    plans = []
+    plan = cpu_kernel.cpu_kernel_shape
+
+    def counting(*args, **kwargs):
+        plans.append(args[2])  # the reduction
+        return plan(*args, **kwargs)
+
+    monkeypatch.setattr(cpu_kernel, "cpu_kernel_shape", counting)
+    monkeypatch.setenv("LAZYTENSOR_CACHE_DIR", str(tmp_path / "cache"))  # nothing on disk yet
+    x, y, b = rng.standard_normal((30, 64)), rng.standard_normal((40, 64)), rng.standard_normal((40, 2))
+    scale = float(rng.uniform(0.01, 0.02))
+    want = np.exp(-scale * ((x[:, None] - y[None]) ** 2).sum(-1)) @ b
+
+    def fresh_process():  # what a new process starts with: no plans, no loaded kernels
+        monkeypatch.setattr(engine, "_plans", engine.PlanCache(8))
+        monkeypatch.setattr(runtime, "_table", {})
+        runtime.planned_shape.cache_clear()
+
+    for expected in (["sum"], []):  # built (and stored), then read from disk
+        fresh_process()
+        plans.clear()
+        got = (-Vi(x).sqdist(Vj(y)) * scale).exp() @ b
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+        assert plans == expected
 
 
 def test_the_budget_follows_the_threads_stack_size(monkeypatch):

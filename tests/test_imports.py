@@ -10,6 +10,9 @@ only modules of its own layer or of the layers below it, and the backends' folde
 import none of each other. At most ``MAX_TOP_MODULES`` modules sit directly in
 ``lazytensor/``; every folder there has its layer.
 
+Only the CPU backend (``codegen/cpu``, ``lazytensor/backends/cpu``) imports
+``lazytensor.codegen.cpu``: the shared passes take a backend's tuning as an argument.
+
 Imports by name (``importlib.import_module(".x", __package__)``) are edges too, kept
 apart as *late* edges: each must be listed in ``LATE_EDGES`` with its reason, so a new
 one (a cycle hidden from the graph, or an edge up the layers) fails the test until it is
@@ -221,6 +224,18 @@ def test_codegen_and_cache_import_neither_lazytensor_nor_each_other():
                 if not _inside(e, own) or any(_inside(e, o) for o in others):
                     bad.append(f"{name} imports {e}")
     assert not bad, bad
+
+
+def test_only_the_cpu_backend_imports_the_cpu_code_generator():
+    """The shared passes take a backend's tuning as an argument (codegen.tuning): outside
+    the CPU backend (its code generator, its runtime) nothing imports codegen.cpu."""
+    own = ("lazytensor.codegen.cpu", "lazytensor.backends.cpu")
+    graph = import_graph()
+    bad = [f"{name} imports {e}" for name, edges in graph.items()
+           if not any(_inside(name, o) for o in own)
+           for e in edges if _inside(e, "lazytensor.codegen.cpu")]
+    assert not bad, bad
+    assert "lazytensor.codegen.cpu" in graph["lazytensor.backends.cpu.runtime"]  # seen
 
 
 def test_imports_by_name_are_the_listed_late_edges():

@@ -1,10 +1,12 @@
-"""codegen.linearize: the weighted-sum form of wide formulas equals the formula."""
+"""codegen.linearize: the weighted-sum form of wide formulas equals the formula (with the
+CPU backend's tuning, as its kernels plan them)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from lazytensor.codegen import diff, ir, ops
+from lazytensor.codegen.cpu import TUNING
 from lazytensor.codegen.evaluate import evaluate
 from lazytensor.codegen.linearize import linearize
 
@@ -40,7 +42,7 @@ def _check(formula, variables, rng, expect_cols=None):
     for v in variables:
         shape = {"i": (N, 1, v.dim), "j": (1, M, v.dim), "p": (v.dim,)}[v.cat]
         arrays[v.index] = rng.standard_normal(shape) * 0.5 + (1.5 if v.cat == "p" else 0)
-    lin = linearize(formula)
+    lin = linearize(formula, TUNING)
     assert lin is not None
     want = np.broadcast_to(evaluate(formula, arrays), (N, M, formula.dim))
     np.testing.assert_allclose(_recombine(lin, arrays, N, M), want, rtol=1e-12, atol=1e-12)
@@ -83,13 +85,13 @@ def test_combinations_and_constants(rng):
 
 def test_not_linear_or_not_worth_it():
     x, y = ir.var(0, 32, "i"), ir.var(1, 32, "j")
-    assert linearize(_a("mul", x, y)) is None  # elementwise product of i and j vectors
-    assert linearize(_a("exp", y)) is None
-    assert linearize(_a("mul", _gauss(x, y), x)) is None  # no j-variable factor: nothing to gain
+    assert linearize(_a("mul", x, y), TUNING) is None  # elementwise product of i and j vectors
+    assert linearize(_a("exp", y), TUNING) is None
+    assert linearize(_a("mul", _gauss(x, y), x), TUNING) is None  # no j-variable factor: nothing to gain
     small = ir.var(2, 8, "j")
-    assert linearize(_a("mul", _gauss(x, y), small)) is None  # narrow already
+    assert linearize(_a("mul", _gauss(x, y), small), TUNING) is None  # narrow already
     many = _a("mul", _gauss(x, y), y)
     for k in range(16):  # 1 weight + 16 scalars: more than the pair loop should carry
         many = _a("concat", many, _a("sin", _a("mul", ir.const(float(k + 1)), _a("sum", y))))
-    assert linearize(many) is None
-    assert linearize(many, max_narrow=17) is not None
+    assert linearize(many, TUNING) is None
+    assert linearize(many, TUNING, max_narrow=17) is not None

@@ -47,7 +47,7 @@ def test_kernels_with_dot_products_sum_several_rows_at_once():
     k = ops.apply("exp", ops.apply("neg", ops.apply("sum", ops.apply("square", ops.apply("sub", x, y)))))
     src = render_cpu_kernel(ops.apply("mul", k, v), [VarSpec(0, 64, "i"), VarSpec(1, 64, "j"),
                                                      VarSpec(2, 40, "j")], "sum", {}, "float32")
-    assert "lt_dot64" in src and "lt_wblock(" in src and "LtWsumRows<40, 40, 0, 6>" in src
+    assert "lt_dot64" in src and "lt_wblock(" in src and "LtWsumBlock<40, 40, 0, 6, false>" in src
 
 
 @pytest.mark.parametrize("dtype,rtol", [("float32", 2e-5), ("float64", 1e-12)])

@@ -3,7 +3,7 @@
 In a block-sparse call whose reduction outputs no index, the intervals of a block of rows
 are often a few columns each (clusters of a few points): :func:`gather_loop` copies the
 columns of consecutive intervals into one chunk of up to JCH staged columns, so that the
-pair loop still sees whole tiles. Used by :mod:`lazytensor.codegen.cpu.kernel`.
+pair loop still sees whole tiles. Used by :mod:`lazytensor.codegen.cpu.rows`.
 """
 
 from __future__ import annotations

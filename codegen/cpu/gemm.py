@@ -18,8 +18,13 @@ from __future__ import annotations
 
 def dot_micro() -> str:
     """The micro-kernel of the dot products and the packing of their j-operands, shared by
-    every dimension."""
-    return """
+    every dimension: the integer vector type and the transpose stages, ``lt_pack``,
+    ``lt_mk``."""
+    return _TRANSPOSE + _PACK + _MICRO_KERNEL
+
+
+# One stage of an LT_W x LT_W transpose in registers (g++'s vector shuffles).
+_TRANSPOSE = """
 #if !defined(__clang__)
 template <int S> struct lt_int_of;
 template <> struct lt_int_of<4> { typedef int32_t type; };
@@ -46,7 +51,10 @@ static LT_INLINE void lt_tstage(lt_vec* v) {
 }
 #endif
 
-// Columns [0, nc) of P (row-major, KD components each) into panels of LT_NR columns, each
+"""
+
+# The j-operand of a chunk packed in panels, by blocks transposed in registers.
+_PACK = """// Columns [0, nc) of P (row-major, KD components each) into panels of LT_NR columns, each
 // panel k-major (Z[p * KD + k * LT_NR + q] = column p + q, component k), zero-padded to
 // ncp columns. By LT_W x LT_W blocks transposed in registers: a copy one component at a
 // time would cost a quarter of the products' time at D = 256.
@@ -80,7 +88,10 @@ static __attribute__((noinline)) void lt_pack(const T* __restrict__ P, int64_t n
     else for (int q = 0; q < KD; ++q) z[q * LT_NR] = 0;
   }
 }
-// G[r*TJ + jj] = sum_k A[k*LT_R + r] B[k*LT_NR + jj] for RR rows and one panel of LT_NR
+"""
+
+# The register-blocked product of a row block and a panel.
+_MICRO_KERNEL = """// G[r*TJ + jj] = sum_k A[k*LT_R + r] B[k*LT_NR + jj] for RR rows and one panel of LT_NR
 // columns: A is the row block packed k-major, B a panel packed k-major (both read with
 // unit stride, the panel from L2, the block from L1). The RR x 2 accumulators stay in
 // registers, each vector of B serves RR rows.

@@ -1,20 +1,18 @@
 """SIMD helpers of the CPU kernels, as C++ text: vector types, vectorizable functions.
 
 - :func:`prelude_defs`: what the CPU backend adds to the shared prelude (declarations that
-  let g++ vectorize calls to libmvec, and ``lt_exp``, a branch-free polynomial ``exp``);
-- :func:`cpu_renames`: ``exp`` calls of the formula code become ``lt_exp``;
+  let g++ vectorize calls to libmvec, and ``lt_exp``, a branch-free polynomial ``exp``,
+  which the CPU renderer's table of functions puts in place of ``exp``);
 - :func:`heap_defs`: the per-thread buffer of formula values too large for the stack;
 - :func:`vector_header`: the vector type ``lt_vec`` of the target's width, the row block
   ``LT_R`` of the dot products, flushing denormals (``LtFtz``) and the per-thread staging
   buffer (``LtStage``).
 
->>> cpu_renames("y = exp(x) + expf(z);")
-'y = lt_exp(x) + lt_exp(z);'
+>>> "lt_exp" in prelude_defs() and "LtFtz" in vector_header()
+True
 """
 
 from __future__ import annotations
-
-import re
 
 # libmvec has vector versions of these (glibc >= 2.35); declaring them `simd` lets g++
 # vectorize the j-loop through calls to them without -ffast-math.
@@ -74,15 +72,6 @@ LT_INLINE double lt_exp(double x) {
   return p * s;
 }
 """
-
-# Function names the CPU kernel replaces by its own inline versions.
-_CPU_RENAMES = re.compile(r"\bexpf?\(")
-
-
-def cpu_renames(code: str) -> str:
-    """``exp``/``expf`` calls -> ``lt_exp`` (vectorizable, see _EXP)."""
-    return _CPU_RENAMES.sub("lt_exp(", code)
-
 
 def prelude_defs() -> str:
     """The CPU's additions to the shared prelude (after ``T``, ``TA`` and ``LT_INLINE``)."""

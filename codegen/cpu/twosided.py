@@ -28,7 +28,7 @@ i-side's scheme).
 
 The kernel's formula is ``concat(G_i, G_j')`` with ``G_j'`` the j-side formula written with
 i and j exchanged back (:func:`two_sided_formula`): variables numbered once for both.
-Calling convention: the one-sided kernel's (:mod:`lazytensor.codegen.cpu.kernel`), without
+Calling convention: the one-sided kernel's (:mod:`lazytensor.codegen.cpu.entry`), without
 block-sparse ranges, ``jchunk`` > 0 bounding the span (a few rows against many columns:
 more spans), two outputs: ``(B, N, F_i)`` and
 ``(B, M, F_j)``.
@@ -50,9 +50,10 @@ import dataclasses
 
 from .. import ir, ops
 from ..linearize import Linear, column_source, wide_sum
-from .kernel import DOT_CHUNK_BYTES, _render, _shape
+from . import TUNING
+from .kernel import DOT_CHUNK_BYTES, plan_shape, render_planned
 
-# columns of a tile whose j-side sums share each vector of a row (lt_jpass)
+# columns of a tile whose j-side sums share each vector of a row (wide.lt_wpass_block)
 J_COLS = 6
 # Staged j-data per chunk: 4x the one-sided kernel's (D = 64, float32, one thread, N = M =
 # 4,000: chunks of 256 columns 75.5 ms, 512 73.3 ms, 1,024 72.4 ms; L2 is 1 MB there).
@@ -63,58 +64,6 @@ ITEM_ROWS = 256
 # are reduced by every thread before the threads sum their spans; one span per barrier
 # (barriers cost most on a loaded machine: a descheduled thread holds up the others).
 SPAN_BYTES = 8 << 20
-
-_TEMPLATES = """
-// out[c * os + e] += coef * sum_r w[r * fs + c] * X[r * LD + e] for c < CB, e in [E0, E0 +
-// NV * LT_W): the block's rows against CB columns, CB x NV accumulators in registers.
-template <int E0, int NV, int LD, int CB>
-static LT_INLINE void lt_jpass(const T* __restrict__ w, int fs, int nr, const T* __restrict__ X,
-                               T coef, T* __restrict__ out, int os) {
-  lt_vec acc[CB][NV];
-  #pragma GCC unroll 32
-  for (int q = 0; q < CB * NV; ++q) acc[q / NV][q % NV] = lt_vec{};
-  for (int r = 0; r < nr; ++r) {
-    const T* x = X + (size_t)r * LD + E0;
-    lt_vec xv[NV];
-    #pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) memcpy(&xv[v], x + v * LT_W, sizeof(lt_vec));
-    #pragma GCC unroll 8
-    for (int c = 0; c < CB; ++c) {
-      const lt_vec s = w[(size_t)r * fs + c] - lt_vec{};
-      #pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) acc[c][v] += s * xv[v];
-    }
-  }
-  #pragma GCC unroll 32
-  for (int q = 0; q < CB * NV; ++q) {
-    T* o = out + (q / NV) * os + E0 + (q % NV) * LT_W;
-    lt_vec t;
-    memcpy(&t, o, sizeof t);
-    t += coef * acc[q / NV][q % NV];
-    memcpy(o, &t, sizeof t);
-  }
-}
-template <int E, int LD, int E0, int CB, bool MORE = (E - E0 >= LT_W)>
-struct LtJsum {
-  enum { LEFT = (E - E0) / LT_W, NV = LEFT < LT_WNV ? LEFT : LT_WNV };
-  static LT_INLINE void run(const T* w, int fs, int nr, const T* X, T coef, T* out, int os) {
-    lt_jpass<E0, NV, LD, CB>(w, fs, nr, X, coef, out, os);
-    LtJsum<E, LD, E0 + NV * LT_W, CB>::run(w, fs, nr, X, coef, out, os);
-  }
-};
-template <int E, int LD, int E0, int CB>
-struct LtJsum<E, LD, E0, CB, false> {  // the last E - E0 < LT_W components
-  static LT_INLINE void run(const T* w, int fs, int nr, const T* X, T coef, T* out, int os) {
-    for (int c = 0; c < CB; ++c)
-      for (int e = E0; e < E; ++e) {
-        T t = 0;
-        for (int r = 0; r < nr; ++r) t += w[(size_t)r * fs + c] * X[(size_t)r * LD + e];
-        out[c * os + e] += coef * t;
-      }
-  }
-};
-"""
-
 
 def two_sided_formula(G_i: ir.Node, G_j_swapped: ir.Node) -> ir.Node:
     """The kernel's formula: the i-side Sum's formula ``G_i`` (a sum over j) and the j-side
@@ -131,8 +80,8 @@ def split_sides(formula: ir.Node) -> tuple:
     if formula.op != "concat":
         return None
     G_i, G_jb = formula.args
-    lin_i = wide_sum(G_i, "sum")
-    lin_j = wide_sum(ir.swap_ij(G_jb), "sum")
+    lin_i = wide_sum(G_i, "sum", TUNING)
+    lin_j = wide_sum(ir.swap_ij(G_jb), "sum", TUNING)
     if lin_i is None or lin_j is None:
         return None
     comps = list(lin_i.components)
@@ -155,7 +104,7 @@ def two_sided_shape(formula: ir.Node, var_specs: list, dtype: str):
     if parts is None:
         return None
     lin_i, lin_j, narrow, where = parts
-    shape = _shape(narrow, var_specs, dtype, None, lin_i)
+    shape = plan_shape(narrow, var_specs, dtype, None, lin_i)
     if shape is None or not shape.layout.dots or narrow.dim > 16:
         return None
     size = 4 if dtype == "float32" else 8
@@ -183,9 +132,9 @@ def _jside(lin_j: Linear, F: int, where: tuple) -> tuple:
     T* const o = out + {t.offset};
     int jj = 0;
     for (; jj + {J_COLS} <= nj; jj += {J_COLS})
-      LtJsum<{t.dim}, {ld}, 0, {J_COLS}>::run(w + jj, fs, nr, {x}, {_coef(t.coef)}, o + (size_t)jj * {FJ}, {FJ});
+      LtWsumBlock<{t.dim}, {ld}, 0, {J_COLS}, true>::run(w + jj, 1, fs, nr, {x}, {_coef(t.coef)}, o + (size_t)jj * {FJ}, {FJ});
     for (; jj < nj; ++jj)
-      LtJsum<{t.dim}, {ld}, 0, 1>::run(w + jj, fs, nr, {x}, {_coef(t.coef)}, o + (size_t)jj * {FJ}, {FJ});
+      LtWsumBlock<{t.dim}, {ld}, 0, 1, true>::run(w + jj, 1, fs, nr, {x}, {_coef(t.coef)}, o + (size_t)jj * {FJ}, {FJ});
   }}""")
     for q, off in lin_j.direct:
         body.append(f"""  {{
@@ -198,7 +147,7 @@ def _jside(lin_j: Linear, F: int, where: tuple) -> tuple:
     for (int jj = 0; jj < nj; ++jj) out[(size_t)jj * {FJ} + {off}] += a[jj];
   }}""")
     nl = "\n"
-    defs = _TEMPLATES + f"""
+    defs = f"""
 // The j-side partial sums of the thread's current span of columns: column t0 + jj of the
 // span at lt_jpart[(t0 + jj) * {FJ}], set by lt_run.
 static thread_local T* lt_jpart;
@@ -216,13 +165,18 @@ static LT_INLINE void lt_jside(const T* __restrict__ fb, int fs, int nr, int nj,
 
 
 def _skeleton(shape, lin_j: Linear) -> str:
+    """``lt_run`` of the two-sided kernel: its set-up, then the spans of columns."""
     L = shape.layout
-    nv = max(1, L.n_orig)
-    FJ = lin_j.dim
     base = []
     for v in L.orig:
         rows = {"i": "N", "j": "M", "p": "1"}[v.cat]
         base.append(f"(const T*)vars[{v.index}] + blk[{v.index}] * {rows} * {v.dim}")
+    return _setup(L, lin_j.dim) + _spans(L, lin_j.dim, base)
+
+
+def _setup(L, FJ: int) -> str:
+    """The start of ``lt_run``: its arguments, the row blocks, the span of columns, the
+    buffers (each thread's j-side partial sums of a span, the rows' accumulators)."""
     return f"""
 static_assert(sizeof(void*) == sizeof(int64_t), "64-bit pointers");
 extern "C" int lt_run(const int64_t* args) {{
@@ -254,7 +208,15 @@ extern "C" int lt_run(const int64_t* args) {{
   if (!parts || !accI) {{ free(parts); free(accI); return 1; }}
   const bool one_span = SPAN >= M;  // the rows' accumulators see all j in one lt_rows
   int status = 0;
-  #pragma omp parallel num_threads(nt) if (nt > 1)
+"""
+
+
+def _spans(L, FJ: int, base: list) -> str:
+    """The parallel part of ``lt_run``: per batch element and span of columns, the row
+    blocks shared by the threads (each adding its j-side sums into its own buffer), then
+    the threads' buffers summed into the j-side output; the i-side outputs at the end."""
+    nv = max(1, L.n_orig)
+    return f"""  #pragma omp parallel num_threads(nt) if (nt > 1)
   {{
     LtFtz ftz;
     int tid = 0;
@@ -317,4 +279,4 @@ def render_two_sided(formula: ir.Node, var_specs: list, opts: dict, dtype: str) 
         raise ValueError("the two-sided kernel needs two wide sums with dot products")
     shape, lin_j, where = found
     jside = _jside(lin_j, shape.plan.formula.dim, where)
-    return _render(shape, "sum", opts, dtype, jside=jside) + _skeleton(shape, lin_j)
+    return render_planned(shape, "sum", opts, jside=jside) + _skeleton(shape, lin_j)

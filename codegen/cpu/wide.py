@@ -11,7 +11,7 @@ and each weight broadcast. Partial sums of a tile are in T and added to the runn
 accumulator in TA, as ``block_sum`` does.
 
 This module emits that ``Acc`` and the call the pair loop makes after ``Acc::tile``; the
-skeleton is :mod:`lazytensor.codegen.cpu.kernel`'s.
+skeleton is :mod:`lazytensor.codegen.cpu.rows`'s.
 """
 
 from __future__ import annotations
@@ -61,56 +61,67 @@ struct LtWsum<E, LD, E0, false> {  // the last E - E0 < LT_W components
     }
   }
 };
-// The same for RB rows at once (weights w[r * ws + jj], out[r * os + e]): each vector of
-// B loaded once for the RB rows, RB x NV independent accumulators (a GEMM micro-kernel),
-// where one row at a time is a chain of loads per multiply-add.
-template <int E0, int NV, int LD, int RB>
-static LT_INLINE void lt_wpass_rows(const T* __restrict__ w, int ws, const T* __restrict__ B,
-                                    int nj, T* __restrict__ out, int os) {
-  lt_vec acc[RB][NV];
-  #pragma GCC unroll 16
-  for (int q = 0; q < RB * NV; ++q) acc[q / NV][q % NV] = lt_vec{};
-  for (int jj = 0; jj < nj; ++jj) {
-    const T* b = B + (size_t)jj * LD + E0;
+// out[q * os + e] (+)= coef * sum_k w[k * wk + q * ws] * B[k * LD + e] for q < Q, e in
+// [E0, E0 + NV * LT_W): Q weighted sums at once, each vector of B loaded once for the Q
+// of them, Q x NV independent accumulators in registers (a GEMM micro-kernel), where one
+// at a time is a chain of loads per multiply-add. The rows of a block against a tile
+// (k: the tile's columns, q: the rows; lt_wblock) and the columns of a tile against a
+// block (k: the rows, q: the columns; the two-sided kernel's lt_jside) are both this;
+// ADD: added into out (else stored).
+template <int E0, int NV, int LD, int Q, bool ADD>
+static LT_INLINE void lt_wpass_block(const T* __restrict__ w, int ws, int wk, int n,
+                                     const T* __restrict__ B, T coef, T* __restrict__ out,
+                                     int os) {
+  lt_vec acc[Q][NV];
+  #pragma GCC unroll 32
+  for (int q = 0; q < Q * NV; ++q) acc[q / NV][q % NV] = lt_vec{};
+  for (int k = 0; k < n; ++k) {
+    const T* b = B + (size_t)k * LD + E0;
     lt_vec x[NV];
     #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) memcpy(&x[v], b + v * LT_W, sizeof(lt_vec));
     #pragma GCC unroll 8
-    for (int r = 0; r < RB; ++r) {
-      const lt_vec s = w[r * ws + jj] - lt_vec{};
+    for (int q = 0; q < Q; ++q) {
+      const lt_vec s = w[(size_t)k * wk + q * ws] - lt_vec{};
       #pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) acc[r][v] += s * x[v];
+      for (int v = 0; v < NV; ++v) acc[q][v] += s * x[v];
     }
   }
-  #pragma GCC unroll 16
-  for (int q = 0; q < RB * NV; ++q)
-    memcpy(out + (q / NV) * os + E0 + (q % NV) * LT_W, &acc[q / NV][q % NV], sizeof(lt_vec));
+  #pragma GCC unroll 32
+  for (int q = 0; q < Q * NV; ++q) {
+    T* o = out + (q / NV) * os + E0 + (q % NV) * LT_W;
+    lt_vec t = coef * acc[q / NV][q % NV];
+    if (ADD) { lt_vec p; memcpy(&p, o, sizeof p); t += p; }
+    memcpy(o, &t, sizeof t);
+  }
 }
 // vectors per pass: 6 rows x 4 vectors are 24 accumulators of AVX-512's 32 registers
 // (6 x 2 = 12 of 16 below)
 enum { LT_WNV = LT_VB == 64 ? 4 : 2 };
-template <int E, int LD, int E0, int RB, bool MORE = (E - E0 >= LT_W)>
-struct LtWsumRows {
+template <int E, int LD, int E0, int Q, bool ADD, bool MORE = (E - E0 >= LT_W)>
+struct LtWsumBlock {
   enum { LEFT = (E - E0) / LT_W, NV = LEFT < LT_WNV ? LEFT : LT_WNV };
-  static LT_INLINE void run(const T* w, int ws, const T* B, int nj, T* out, int os) {
-    lt_wpass_rows<E0, NV, LD, RB>(w, ws, B, nj, out, os);
-    LtWsumRows<E, LD, E0 + NV * LT_W, RB>::run(w, ws, B, nj, out, os);
+  static LT_INLINE void run(const T* w, int ws, int wk, int n, const T* B, T coef, T* out,
+                            int os) {
+    lt_wpass_block<E0, NV, LD, Q, ADD>(w, ws, wk, n, B, coef, out, os);
+    LtWsumBlock<E, LD, E0 + NV * LT_W, Q, ADD>::run(w, ws, wk, n, B, coef, out, os);
   }
 };
-template <int E, int LD, int E0, int RB>
-struct LtWsumRows<E, LD, E0, RB, false> {  // the last E - E0 < LT_W components
-  static LT_INLINE void run(const T* w, int ws, const T* B, int nj, T* out, int os) {
-    for (int r = 0; r < RB; ++r)
+template <int E, int LD, int E0, int Q, bool ADD>
+struct LtWsumBlock<E, LD, E0, Q, ADD, false> {  // the last E - E0 < LT_W components
+  static LT_INLINE void run(const T* w, int ws, int wk, int n, const T* B, T coef, T* out,
+                            int os) {
+    for (int q = 0; q < Q; ++q)
       for (int e = E0; e < E; ++e) {
         T t = 0;
-        for (int jj = 0; jj < nj; ++jj) t += w[r * ws + jj] * B[(size_t)jj * LD + e];
-        out[r * os + e] = t;
+        for (int k = 0; k < n; ++k) t += w[(size_t)k * wk + q * ws] * B[(size_t)k * LD + e];
+        out[q * os + e] = ADD ? out[q * os + e] + coef * t : coef * t;
       }
   }
 };
 """
 
-# Rows whose column terms go through one micro-kernel call (lt_wpass_rows), in kernels
+# Rows whose column terms go through one micro-kernel call (lt_wpass_block), in kernels
 # with dot products (row blocks of LT_R = 12 or 6 rows, each row its tile buffer). Measured
 # on the D = 64 Gaussian gradient's kernels (one thread, AVX-512): one row at a time
 # 73 ms, 4 rows x 4 vectors 66 ms, 6 x 4 51 ms, 12 x 2 60 ms (the forward: 27 ms).
@@ -128,39 +139,43 @@ def _coef(c: float) -> str:
 def wide_acc_code(lin: Linear, opts: dict) -> str:
     """``struct Acc`` for ``lin`` (the full output, F = lin.dim components) and the
     templates it uses; ``tile`` handles the direct components, ``wtile`` the column terms
-    (``B{k}`` is the item's pointer to j-variable k, row 0)."""
-    F = lin.dim
+    (``B{k}`` is the item's pointer to j-variable k, row 0); then ``lt_wblock``."""
     kahan = opts.get("sum_scheme") == "kahan_scheme"
     add = ("{ TA y = (TA)(x) - c[q]; TA t = s[q] + y; c[q] = (t - s[q]) - y; s[q] = t; }"
            if kahan else "s[q] += (TA)(x);")
+    params = ", ".join(f"const T* __restrict__ B{k}" for k in _bvars(lin))
+    return _TEMPLATES + _sum_acc(lin, add, params) + _row_block_sums(lin, params)
+
+
+def _column_sum(t, add: str) -> tuple:
+    """(in ``wtile``, in ``push``) the C++ of column term ``t``: its weighted sum of a
+    tile's j-vectors, or one pair's term."""
+    k, start, ld = column_source(t.factor)
+    E = t.dim
+    tile = (f"    LtWsum<{E}, {ld}, 0>::run(fb + {t.weight} * TJ, B{k} + j0 * {ld} + {start}, "
+            f"nj, part);\n"
+            f"    for (int e = 0; e < {E}; ++e) {{ const T x = {_coef(t.coef)}part[e]; "
+            f"const int q = {t.offset} + e; {add} }}")
+    push = (f"    for (int e = 0; e < {E}; ++e) {{ const T x = {_coef(t.coef)}f[{t.weight}] * "
+            f"B{k}[j * {ld} + {start} + e]; const int q = {t.offset} + e; {add} }}")
+    return tile, push
+
+
+def _sum_acc(lin: Linear, add: str, params: str) -> str:
+    """The ``Acc`` of a Sum: sums (and compensations) per output component; ``tile``
+    sums the direct components of a tile, ``wtile`` adds the column terms."""
+    F = lin.dim
     direct = []
     for comp, off in lin.direct:
         direct.append(f"    {{ T t = 0; _Pragma(\"omp simd reduction(+:t)\") for (int jj = 0; jj < nj; ++jj) "
                       f"t += fb[{comp} * TJ + jj]; const T x = t; const int q = {off}; {add} }}")
     push_direct = [f"    {{ const T x = f[{comp}]; const int q = {off}; {add} }}"
                    for comp, off in lin.direct]
-    bvars = _bvars(lin)
-    params = ", ".join(f"const T* __restrict__ B{k}" for k in bvars)
-    cols, push_cols, rows_cols = [], [], []
+    cols, push_cols = zip(*(_column_sum(t, add) for t in lin.col_terms))
     emax = max(t.dim for t in lin.col_terms)
-    for t in lin.col_terms:
-        k, start, ld = column_source(t.factor)
-        E = t.dim
-        cols.append(f"    LtWsum<{E}, {ld}, 0>::run(fb + {t.weight} * TJ, B{k} + j0 * {ld} + {start}, "
-                    f"nj, part);\n"
-                    f"    for (int e = 0; e < {E}; ++e) {{ const T x = {_coef(t.coef)}part[e]; "
-                    f"const int q = {t.offset} + e; {add} }}")
-        rows_cols.append(
-            f"    LtWsumRows<{E}, {ld}, 0, {WIDE_ROWS}>::run(fb + (size_t)r * fs + {t.weight} * TJ, fs, "
-            f"B{k} + j0 * {ld} + {start}, nj, part, {emax});\n"
-            f"    for (int rr = 0; rr < {WIDE_ROWS}; ++rr) for (int e = 0; e < {E}; ++e) "
-            f"accs[r + rr].wadd({t.offset} + e, {_coef(t.coef)}part[rr * {emax} + e]);")
-        push_cols.append(f"    for (int e = 0; e < {E}; ++e) {{ const T x = {_coef(t.coef)}f[{t.weight}] * "
-                         f"B{k}[j * {ld} + {start} + e]; const int q = {t.offset} + e; {add} }}")
-    bargs = ", ".join(f"B{k}" for k in bvars)
     merge_add = add.replace("(TA)(x)", "x")
     nl = "\n"
-    return _TEMPLATES + f"""
+    return f"""
 struct Acc {{
   TA s[{F}]; TA c[{F}];
   LT_INLINE void init() {{ for (int q = 0; q < {F}; ++q) {{ s[q] = 0; c[q] = 0; }} }}
@@ -175,7 +190,7 @@ struct Acc {{
 {nl.join(cols)}
   }}
   LT_INLINE void push(const T* f, int64_t j, {params}) {{
-{nl.join(push_direct + push_cols)}
+{nl.join(push_direct + list(push_cols))}
   }}
   LT_INLINE void merge(const Acc& o) {{ for (int q = 0; q < {F}; ++q) {{ const TA x = o.s[q] - o.c[q]; {merge_add} }} }}
   LT_INLINE void write(void* const* outs, int64_t row) const {{
@@ -184,7 +199,25 @@ struct Acc {{
   }}
   LT_INLINE void wadd(int q, T x) {{ {add} }}
 }};
+"""
 
+
+def _row_block_sums(lin: Linear, params: str) -> str:
+    """``lt_wblock``: the column terms of a tile for a block of rows, by WIDE_ROWS rows at
+    once through the micro-kernel."""
+    emax = max(t.dim for t in lin.col_terms)
+    rows_cols = []
+    for t in lin.col_terms:
+        k, start, ld = column_source(t.factor)
+        E = t.dim
+        rows_cols.append(
+            f"    LtWsumBlock<{E}, {ld}, 0, {WIDE_ROWS}, false>::run(fb + (size_t)r * fs + "
+            f"{t.weight} * TJ, fs, 1, nj, B{k} + j0 * {ld} + {start}, (T)1, part, {emax});\n"
+            f"    for (int rr = 0; rr < {WIDE_ROWS}; ++rr) for (int e = 0; e < {E}; ++e) "
+            f"accs[r + rr].wadd({t.offset} + e, {_coef(t.coef)}part[rr * {emax} + e]);")
+    bargs = ", ".join(f"B{k}" for k in _bvars(lin))
+    nl = "\n"
+    return f"""
 // The column terms of a tile for nr rows (row r's tile buffer at fb + r * fs): by
 // {WIDE_ROWS} rows through the micro-kernel, the rest one by one (Acc::wtile).
 static LT_INLINE void lt_wblock(const T* fb, int fs, int nr, int nj, int64_t j0, Acc* accs, {params}) {{

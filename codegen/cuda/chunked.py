@@ -10,9 +10,9 @@ rows into registers. Then the narrow rest of the formula runs per pair.
 from __future__ import annotations
 
 from .. import ir
-from ..render_c import VarSpec, render_formula, render_function
+from ..render_c import VarSpec, acc_call, array, formula_call, loop
 from .chunks import ChunkedSums
-from .skeleton import CHUNK_BYTES, CHUNK_ROWS, THREADS, element_size, row_registers, tile_loop
+from .skeleton import CHUNK_BYTES, CHUNK_ROWS, element_size, kernel_entry, row_registers, tile_loop
 
 
 def chunk_smem(plan: ChunkedSums, dtype: str) -> tuple[int, int]:
@@ -29,9 +29,11 @@ def chunk_smem(plan: ChunkedSums, dtype: str) -> tuple[int, int]:
     return fixed, per_thread
 
 
-def chunked_kernel(plan: ChunkedSums, formula, specs, reduction, opts, dtype, name,
+def chunked_kernel(r, plan: ChunkedSums, formula, specs, reduction, opts, name,
                    ranged: bool = False) -> str:
-    C = CHUNK_BYTES // element_size(dtype)
+    """``<name>_reduce`` of the chunked scheme (``r``: the CUDA renderer): the rest of
+    the formula and each vector sum's term as functions, then the kernel."""
+    C = CHUNK_BYTES // element_size(r.dtype)
     R = CHUNK_ROWS
     rest = plan.formula
     used = {v.index for v in ir.variables(rest)}
@@ -39,11 +41,11 @@ def chunked_kernel(plan: ChunkedSums, formula, specs, reduction, opts, dtype, na
     # the rest: the formula's variables and one scalar per vector sum
     rest_specs = [v for v in specs if v.index in used]
     rest_specs += [VarSpec(s.var.index, 1, "j") for s in plan.sums]
-    pieces = [render_formula(rest, rest_specs, dtype)]
+    pieces = [r.formula(rest, rest_specs)]
     sums_code = []
     for n, s in enumerate(plan.sums):
         term_specs = [VarSpec(p.index, 1, p.cat) for p in s.scalars]
-        pieces.append(render_function(f"lt_term{n}", [s.term], term_specs, dtype))
+        pieces.append(r.function(f"lt_term{n}", [s.term], term_specs))
         sums_code.append(_sum_loop(n, s, C, R))
     call = []
     for v in rest_specs:
@@ -56,36 +58,28 @@ def chunked_kernel(plan: ChunkedSums, formula, specs, reduction, opts, dtype, na
             call.append(f"k.base[{v.index}] + (j0 + r) * {v.dim}")
         else:
             call.append(f"k.base[{v.index}]")
-    nl = "\n  "
     loop_open, loop_close = tile_loop("R", ranged)
+    entry = kernel_entry(name, 1, decls, loads, rows="nt", row="tid",
+                         before=("const int nt = blockDim.x;",),
+                         after=("const int tid = threadIdx.x;",))
     return "\n".join(pieces) + f"""
 static const int R = {R};  // j-rows per register tile
 static const int C = {C};  // components per chunk of the vector dimension
 
-extern "C" __global__ void __launch_bounds__({THREADS}, 1) {name}_reduce(const LtArgs a) {{
-  const int nt = blockDim.x;
-  const LtBlock k = lt_block(a, blockIdx.x, nt);
-  const int tid = threadIdx.x;
-  const int64_t i = k.i0 + tid;
-  const bool active = i < k.i1;
-  {nl.join(decls)}
-  if (active) {{
-    {nl.join(loads)}
-  }}
-  Acc acc;
-  acc.init();
+{entry}  Acc acc;
+  {acc_call("acc", "init")}
   {loop_open}
 {"".join(sums_code)}
     if (active) {{
 #pragma unroll
-      for (int r = 0; r < R; ++r) {{
+      {loop("r", "R")} {{
         if (r < nj) {{
-          T o[{formula.dim}];
-          lt_formula({", ".join(call)}, o);
-          acc.push(o, j0 + r);
+          {array("o", formula.dim)}
+          {formula_call(call)}
+          {acc_call("acc", "push", "o", "j0 + r")}
         }}
       }}
-      acc.flush();
+      {acc_call("acc", "flush")}
     }}
   {loop_close}
   if (active) lt_finish(a, k, i, acc);

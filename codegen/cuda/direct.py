@@ -7,23 +7,16 @@ accumulator takes the tile through ``Acc::tile`` (see :mod:`.accumulators`).
 
 from __future__ import annotations
 
-from ..render_c import render_formula
-from .skeleton import THREADS, min_blocks, row_registers, tile_loop, tile_rows
+from ..render_c import acc_call, formula_call
+from .skeleton import kernel_entry, min_blocks, row_registers, stage_tile, tile_loop, tile_rows
 
 
-def direct_kernel(formula, specs, reduction, opts, dtype, name, ranged: bool = False) -> str:
-    tj = tile_rows(specs, dtype)
+def direct_kernel(r, formula, specs, reduction, opts, name, ranged: bool = False) -> str:
+    """``<name>_reduce`` of the direct scheme (``r``: the CUDA renderer)."""
+    tj = tile_rows(specs, r.dtype)
     staged = tj > 0
-    tjc = tj if staged else 256
     decls, loads, args = row_registers(specs)
-    tile_off, off, copies = {}, 0, []
-    for v in specs:
-        if v.cat == "j" and staged:
-            tile_off[v.index] = off
-            copies.append(
-                f"for (int t = threadIdx.x; t < nj * {v.dim}; t += blockDim.x) "
-                f"tile[{off} + t] = k.base[{v.index}][j0 * {v.dim} + t];")
-            off += tj * v.dim
+    tile_off, copies = stage_tile(specs, tj)
     call = []
     for v in specs:
         if v.cat == "i":
@@ -35,34 +28,23 @@ def direct_kernel(formula, specs, reduction, opts, dtype, name, ranged: bool = F
         else:
             call.append(f"k.base[{v.index}]")
     nl = "\n    "
-    formula_code = render_formula(formula, list(specs), dtype)
-    minb = min_blocks(formula, opts, dtype)
     loop_open, loop_close = tile_loop("TJC", ranged)
-    return f"""{formula_code}
-static const int TJC = {tjc};  // j-rows per tile
+    entry = kernel_entry(name, min_blocks(formula, opts, r.dtype), decls, loads,
+                         before=("T* tile = (T*)lt_smem;", "(void)tile;"))
+    return f"""{r.formula(formula, list(specs))}
+static const int TJC = {tj if staged else 256};  // j-rows per tile
 
-extern "C" __global__ void __launch_bounds__({THREADS}, {minb}) {name}_reduce(const LtArgs a) {{
-  T* tile = (T*)lt_smem;
-  (void)tile;
-  const LtBlock k = lt_block(a, blockIdx.x, blockDim.x);
-  const int64_t i = k.i0 + threadIdx.x;
-  const bool active = i < k.i1;
-  {nl.join(decls)}
-  if (active) {{
-    {nl.join(loads)}
-  }}
-  Acc acc;
-  acc.init();
+{entry}  Acc acc;
+  {acc_call("acc", "init")}
   {loop_open}
     {"__syncthreads();  // the previous tile is read" if staged else ""}
     {nl.join(copies)}
     {"__syncthreads();" if staged else ""}
-    if (active) acc.tile([&](int jj, T* o) {{ lt_formula({", ".join(call)}, o); }}, nj, j0);
+    if (active) {acc_call("acc", "tile", f"[&](int jj, T* o) {{ {formula_call(call)} }}", "nj", "j0")}
   {loop_close}
   if (active) lt_finish(a, k, i, acc);
 }}
 """
-
 
 
 __all__ = ["direct_kernel"]

@@ -1,7 +1,8 @@
-"""CUDA emission: the kernel skeletons around the shared formula code (see render_c.py).
+"""CUDA emission: :class:`CudaRenderer`, the kernel schemes around the shared formula code.
 
-One ``.cu`` per kernel holds, in ``namespace <name>``, the per-pair formula
-(``lt_formula``, the same emission as the CPU kernel's), a CUDA ``Acc``
+The renderer is the base C renderer (:mod:`lazytensor.codegen.render_c`) with the CUDA
+accumulator as its hook. One ``.cu`` per kernel holds, in ``namespace <name>``, the
+per-pair formula (``lt_formula``, the same emission as the CPU kernel's), a CUDA ``Acc``
 (:mod:`.accumulators`) and two ``extern "C"`` kernels:
 
 ``<name>_reduce(LtArgs a)``
@@ -50,8 +51,8 @@ from __future__ import annotations
 
 from .. import reductions
 from ..linearize import wide_sum
-from ..render_c import VarSpec
-from ..render_c import prelude as _prelude
+from ..render_c import CRenderer, VarSpec
+from . import TUNING
 from .accumulators import acc_code
 from .chunked import chunk_smem, chunked_kernel
 from .chunks import ChunkedSums, plan_chunks
@@ -79,7 +80,7 @@ def _wide_plan(formula, reduction: str, opts: dict):
     """The weighted-sum form of a wide Sum (``K @ V``) or softmax-weighted sum, or None."""
     if reduction not in _WIDE_REDUCTIONS or opts.get("sum_scheme") == "kahan_scheme":
         return None
-    return wide_sum(formula, reduction)
+    return wide_sum(formula, reduction, TUNING)
 
 
 _WIDE_REDUCTIONS = ("sum", "sumsoftmaxweight", "logsumexp_weight")
@@ -121,30 +122,59 @@ def render_cuda_kernel(formula, var_specs, reduction: str, opts: dict, dtype: st
 
     Sources rendered with distinct names can be concatenated into one ``.cu``.
     """
-    specs = sorted(var_specs, key=lambda v: v.index)
-    nvp = max([v.index + 1 for v in specs] + [1])
-    n_outs = _n_outputs(formula, reduction, opts)
-    plan = _chunk_plan(formula, specs)
-    lin = _wide_plan(formula, reduction, opts) if plan is None else None
-    shared = (_prelude(dtype, _acc_dtype(reduction, opts, dtype))
-              + acc_code(reduction, formula.dim, opts) + "\n")
-    common = common_code(name, nvp, n_outs, ranged)
-    if plan is not None:
-        body = (chunked_kernel(plan, formula, specs, reduction, opts, dtype, name, ranged)
-                + merge_code(name))
-    elif lin is not None:
-        body = (wide_kernel(lin, formula, specs, opts, dtype, name, ranged)
-                if reduction == "sum" else
-                wide_softmax_kernel(lin, formula, specs, reduction, dtype, name, ranged))
-    else:
-        body = direct_kernel(formula, specs, reduction, opts, dtype, name, ranged) + merge_code(name)
-    variant = ", block-sparse" if ranged else ""
-    return (f"{HEADER}// kernel {name}: {reduction}, {dtype}{variant}\nnamespace {name} {{\n"
-            f"{shared}{common}{body}}}  // namespace {name}\n")
+    return CudaRenderer(dtype).kernel(formula, var_specs, reduction, opts, name, ranged)
 
+
+class CudaRenderer(CRenderer):
+    """CUDA C++ for nvcc: the shared pieces, the CUDA accumulators, the kernel schemes.
+
+    - ``functions``: none of its own, libm's names (nvcc maps them to its intrinsics
+      under fast math); ``storage``: none (a wide formula is chunked instead, :mod:`.chunks`);
+    - :meth:`acc_dtype` and :meth:`accumulator` (hooks): the CUDA ``Acc`` of
+      :mod:`.accumulators`, which takes the pairs one at a time (a tile buffer would be
+      local memory on a GPU).
+
+    Wide sums are planned with the backend's tuning (:data:`lazytensor.codegen.cuda.TUNING`).
+    """
+
+    name = "cuda"
+
+    def acc_dtype(self, reduction: str, opts: dict) -> str:
+        return _acc_dtype(reduction, opts, self.dtype)
+
+    def accumulator(self, formula, reduction: str, opts: dict) -> str:
+        return acc_code(reduction, formula.dim, opts)
+
+    def kernel(self, formula, var_specs, reduction: str, opts: dict, name: str = "lt",
+               ranged: bool = False) -> str:
+        """The ``.cu`` source (see :func:`render_cuda_kernel`): the header, then in the
+        kernel's namespace the prelude and ``Acc``, the skeleton, and the scheme's
+        kernels (chunked, wide or direct)."""
+        specs = sorted(var_specs, key=lambda v: v.index)
+        nvp = max([v.index + 1 for v in specs] + [1])
+        n_outs = _n_outputs(formula, reduction, opts)
+        plan = _chunk_plan(formula, specs)
+        lin = _wide_plan(formula, reduction, opts) if plan is None else None
+        shared = (self.prelude(self.acc_dtype(reduction, opts))
+                  + self.accumulator(formula, reduction, opts) + "\n")
+        common = common_code(name, nvp, n_outs, ranged)
+        if plan is not None:
+            body = (chunked_kernel(self, plan, formula, specs, reduction, opts, name, ranged)
+                    + merge_code(name))
+        elif lin is not None:
+            body = (wide_kernel(self, lin, formula, specs, opts, name, ranged)
+                    if reduction == "sum" else
+                    wide_softmax_kernel(self, lin, formula, specs, reduction, name, ranged))
+        else:
+            body = (direct_kernel(self, formula, specs, reduction, opts, name, ranged)
+                    + merge_code(name))
+        variant = ", block-sparse" if ranged else ""
+        return (f"{HEADER}// kernel {name}: {reduction}, {self.dtype}{variant}\n"
+                f"namespace {name} {{\n{shared}{common}{body}}}  // namespace {name}\n")
 
 
 __all__ = [
+    "CudaRenderer",
     "MAX_BATCH_DIMS",
     "THREADS",
     "VarSpec",

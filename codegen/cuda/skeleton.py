@@ -1,13 +1,17 @@
 """What every CUDA kernel of lazytensor shares: its ABI (``LtArgs``), the block decode,
-the finish and merge kernels, the j-tile of shared memory, the row registers.
+the kernel's opening (:func:`kernel_entry`), the finish and merge kernels, the j-tile of
+shared memory (:func:`stage_tile`), the row registers.
 
-See :mod:`lazytensor.codegen.cuda.render` for the kernel schemes built on these.
+See :mod:`lazytensor.codegen.cuda.render` for the renderer and the kernel schemes built
+on these.
 
 >>> [name for name, _ in args_fields(2, 1)][:3]
 ['vars', 'outs', 'part']
 """
 
 from __future__ import annotations
+
+from ..render_c import acc_call
 
 MAX_BATCH_DIMS = 8  # batch dimensions a kernel takes, after merging compatible ones
 THREADS = 256  # largest block (rows per block), the __launch_bounds__
@@ -58,28 +62,14 @@ def min_blocks(formula, opts: dict, dtype: str) -> int:
 def common_code(name: str, nvp: int, n_outs: int, ranged: bool = False) -> str:
     """``LtArgs``, ``LtBlock`` and its decode ``lt_block``, ``lt_interval``, ``lt_finish``
     (``ranged``: the block-sparse variant, a block of threads per piece)."""
+    return (_args_struct(nvp, n_outs) + _block_decode(nvp, ranged) + _INTERVAL
+            + f"""
+extern "C" {{ __device__ Acc {name}_acc; }}  // sizeof(Acc), read by the runtime
+""")
+
+
+def _args_struct(nvp: int, n_outs: int) -> str:
     words = sum(n for _, n in args_fields(nvp, n_outs))
-    offsets = "\n".join(
-        f"      off[{v}] += idx * a.vbs[{v} * MAX_BD + d];" for v in range(nvp))
-    if ranged:
-        decode = """  const int64_t* p = a.pieces + 4 * (bid % a.npieces);
-  int64_t q = bid / a.npieces;
-  k.b = q;
-  k.i0 = p[0]; k.i1 = p[1];
-  k.iv = a.ivs + 2 * p[2]; k.niv = p[3] - p[2];
-  k.jc = 0; k.jb = 0; k.je = 0;
-  (void)rows;"""
-    else:
-        decode = """  const int64_t nIB = (a.N + rows - 1) / rows;
-  k.jc = bid % a.nJC;
-  int64_t q = bid / a.nJC;
-  k.i0 = (q % nIB) * rows;
-  k.i1 = (k.i0 + rows < a.N) ? k.i0 + rows : a.N;
-  k.b = q / nIB;
-  k.jb = k.jc * a.JC;
-  k.je = (k.jb + a.JC < a.M) ? k.jb + a.JC : a.M;
-  k.iv = 0; k.niv = 1;
-  q = k.b;"""
     return f"""
 // ------------------------------------------------------------------ CUDA skeleton
 static const int MAX_BD = {MAX_BATCH_DIMS};
@@ -98,7 +88,35 @@ struct LtArgs {{
   int64_t npieces;
 }};
 static_assert(sizeof(LtArgs) == {words} * 8, "LtArgs layout");
+"""
 
+
+_RANGED_DECODE = """  const int64_t* p = a.pieces + 4 * (bid % a.npieces);
+  int64_t q = bid / a.npieces;
+  k.b = q;
+  k.i0 = p[0]; k.i1 = p[1];
+  k.iv = a.ivs + 2 * p[2]; k.niv = p[3] - p[2];
+  k.jc = 0; k.jb = 0; k.je = 0;
+  (void)rows;"""
+
+_FULL_DECODE = """  const int64_t nIB = (a.N + rows - 1) / rows;
+  k.jc = bid % a.nJC;
+  int64_t q = bid / a.nJC;
+  k.i0 = (q % nIB) * rows;
+  k.i1 = (k.i0 + rows < a.N) ? k.i0 + rows : a.N;
+  k.b = q / nIB;
+  k.jb = k.jc * a.JC;
+  k.je = (k.jb + a.JC < a.M) ? k.jb + a.JC : a.M;
+  k.iv = 0; k.niv = 1;
+  q = k.b;"""
+
+
+def _block_decode(nvp: int, ranged: bool) -> str:
+    """``LtBlock`` and ``lt_block``: block ``bid``'s batch element, rows and columns (or
+    piece), and the variables' base pointers in that batch element."""
+    offsets = "\n".join(
+        f"      off[{v}] += idx * a.vbs[{v} * MAX_BD + d];" for v in range(nvp))
+    return f"""
 // What one block works on: batch b, rows [i0, i1), columns [jb, je) (full product) or
 // the niv intervals at iv (block-sparse).
 struct LtBlock {{
@@ -109,7 +127,7 @@ struct LtBlock {{
 
 __device__ __forceinline__ LtBlock lt_block(const LtArgs& a, int64_t bid, int64_t rows) {{
   LtBlock k;
-{decode}
+{_RANGED_DECODE if ranged else _FULL_DECODE}
   int64_t off[NVP];
 #pragma unroll
   for (int v = 0; v < NVP; ++v) off[v] = 0;
@@ -125,7 +143,10 @@ __device__ __forceinline__ LtBlock lt_block(const LtArgs& a, int64_t bid, int64_
   for (int v = 0; v < NVP; ++v) k.base[v] = a.vars[v] + off[v];
   return k;
 }}
+"""
 
+
+_INTERVAL = f"""
 // The s-th range of columns of block k: [jb, je).
 __device__ __forceinline__ void lt_interval(const LtBlock& k, int64_t s, int64_t& jb,
                                             int64_t& je) {{
@@ -136,12 +157,55 @@ __device__ __forceinline__ void lt_interval(const LtBlock& k, int64_t s, int64_t
 __device__ __forceinline__ void lt_finish(const LtArgs& a, const LtBlock& k, int64_t i,
                                           const Acc& acc) {{
   const int64_t row = k.b * a.N + i;
-  if (a.nJC == 1) acc.write(a.outs, row);
+  if (a.nJC == 1) {acc_call("acc", "write", "a.outs", "row")}
   else a.part[k.jc * (a.B * a.N) + row] = acc;
 }}
-
-extern "C" {{ __device__ Acc {name}_acc; }}  // sizeof(Acc), read by the runtime
 """
+
+
+def kernel_entry(name: str, min_blocks: int, decls: list, loads: list, rows: str = "blockDim.x",
+                 row: str = "threadIdx.x", before: tuple = (), after: tuple = ()) -> str:
+    """The opening of ``<name>_reduce`` that every kernel scheme shares: its launch
+    bounds (``min_blocks``: :func:`min_blocks`), the block's work (``lt_block`` of
+    ``rows`` rows), the thread's row ``i`` (``row``: its offset in the block) and whether
+    it is ``active``, and the narrow i-variables in registers (``decls`` and ``loads``,
+    from :func:`row_registers`); ``before`` / ``after``: the scheme's own lines before and
+    after ``lt_block``.
+
+    >>> print(kernel_entry("lt", 1, ["T x0[2];"], ["x0[0] = 1;"]))  # doctest: +ELLIPSIS
+    extern "C" __global__ void __launch_bounds__(256, 1) lt_reduce(const LtArgs a) {
+      const LtBlock k = lt_block(a, blockIdx.x, blockDim.x);
+      const int64_t i = k.i0 + threadIdx.x;
+      const bool active = i < k.i1;
+      T x0[2];
+      if (active) {
+        x0[0] = 1;
+      }
+    """
+    lines = [f'extern "C" __global__ void __launch_bounds__({THREADS}, {min_blocks}) '
+             f"{name}_reduce(const LtArgs a) {{"]
+    lines += [f"  {t}" for t in before]
+    lines.append(f"  const LtBlock k = lt_block(a, blockIdx.x, {rows});")
+    lines += [f"  {t}" for t in after]
+    lines += [f"  const int64_t i = k.i0 + {row};", "  const bool active = i < k.i1;"]
+    lines += [f"  {d}" for d in decls]
+    lines += ["  if (active) {"] + [f"    {t}" for t in loads] + ["  }"]
+    return "\n".join(lines) + "\n"
+
+
+def stage_tile(specs, tj: int) -> tuple[dict, list]:
+    """({j-variable index: its offset in the tile}, the copies of a tile of ``nj`` j-rows
+    from ``j0`` into shared memory, coalesced); nothing when ``tj`` is 0 (j-data read from
+    global memory)."""
+    tile_off, off, copies = {}, 0, []
+    for v in specs:
+        if v.cat == "j" and tj > 0:
+            tile_off[v.index] = off
+            copies.append(
+                f"for (int t = threadIdx.x; t < nj * {v.dim}; t += blockDim.x) "
+                f"tile[{off} + t] = k.base[{v.index}][j0 * {v.dim} + t];")
+            off += tj * v.dim
+    return tile_off, copies
 
 
 def tile_loop(step: str, ranged: bool) -> tuple[str, str]:
@@ -169,8 +233,8 @@ extern "C" __global__ void __launch_bounds__({THREADS}, 1) {name}_merge(const Lt
   if (r >= a.B * a.N) return;
   const int64_t R = a.B * a.N;
   Acc acc = a.part[r];
-  for (int64_t c = 1; c < a.nJC; ++c) acc.merge(a.part[c * R + r]);
-  acc.write(a.outs, r);
+  for (int64_t c = 1; c < a.nJC; ++c) {acc_call("acc", "merge", "a.part[c * R + r]")}
+  {acc_call("acc", "write", "a.outs", "r")}
 }}
 """
 
@@ -196,5 +260,5 @@ def row_registers(specs, only=None) -> tuple[list, list, dict]:
 
 
 __all__ = ["CHUNK_BYTES", "CHUNK_ROWS", "HEADER", "LOCAL_DIM", "MAX_BATCH_DIMS", "THREADS",
-           "WIDE_SLICE", "args_fields", "common_code", "element_size", "merge_code",
-           "min_blocks", "row_registers", "tile_loop", "tile_rows"]
+           "WIDE_SLICE", "args_fields", "common_code", "element_size", "kernel_entry",
+           "merge_code", "min_blocks", "row_registers", "stage_tile", "tile_loop", "tile_rows"]

@@ -11,8 +11,16 @@ with a wide weight work the same way, each thread of a row also keeping the row'
 
 from __future__ import annotations
 
-from ..render_c import render_formula
-from .skeleton import THREADS, WIDE_SLICE, row_registers, tile_loop, tile_rows
+from ..linearize import column_source
+from .skeleton import (
+    THREADS,
+    WIDE_SLICE,
+    kernel_entry,
+    row_registers,
+    stage_tile,
+    tile_loop,
+    tile_rows,
+)
 
 
 def wide_group(F: int) -> int:
@@ -26,19 +34,10 @@ def wide_group(F: int) -> int:
 def _staging(lin, specs, dtype):
     """The j-tile, the narrow formula's arguments, and the code that sets ``w`` to output
     component ``C0 + lo + e`` of the formula for pair jj (weights ``o``)."""
-    from ..linearize import column_source
-
     tj = tile_rows(specs, dtype)
     staged = tj > 0
     decls, loads, args = row_registers(specs)
-    tile_off, off, copies = {}, 0, []
-    for v in specs:
-        if v.cat == "j" and staged:
-            tile_off[v.index] = off
-            copies.append(
-                f"for (int t = threadIdx.x; t < nj * {v.dim}; t += blockDim.x) "
-                f"tile[{off} + t] = k.base[{v.index}][j0 * {v.dim} + t];")
-            off += tj * v.dim
+    tile_off, copies = stage_tile(specs, tj)
 
     def row_of(index, dim):
         if staged:
@@ -66,29 +65,25 @@ def _staging(lin, specs, dtype):
             "copies": copies, "call": call, "terms": terms}
 
 
-def _frame(name, st, narrow_dim, G, EC, C0, state, pair, flush, finish, merge, dtype,
+def _frame(name, st, narrow_dim, G, EC, C0, state, pair, flush, finish, merge,
            narrow_code, ranged) -> str:
+    """``<name>_reduce`` of a wide sum: ``state``, ``pair`` (each pair's own statements),
+    ``flush`` (end of a tile) and ``finish`` (the row's outputs) are the reduction's, the
+    rest is shared; ``merge``: the merge kernel."""
     nl = "\n    "
     loop_open, loop_close = tile_loop("TJC", ranged)
     terms = "\n          ".join(st["terms"])
+    entry = kernel_entry(name, 1, st["decls"], st["loads"], rows="blockDim.x / G",
+                         row="threadIdx.x / G", before=("T* tile = (T*)lt_smem;", "(void)tile;"),
+                         after=("const int lo = (threadIdx.x % G) * EC;  // this thread's first "
+                                "component (after C0)",))
     return f"""{narrow_code}
 static const int TJC = {st["tjc"]};  // j-rows per tile
 static const int G = {G};  // threads per row
 static const int EC = {EC};  // output components per thread
 static const int C0 = {C0};  // the first output component the slices cover
 
-extern "C" __global__ void __launch_bounds__({THREADS}, 1) {name}_reduce(const LtArgs a) {{
-  T* tile = (T*)lt_smem;
-  (void)tile;
-  const LtBlock k = lt_block(a, blockIdx.x, blockDim.x / G);
-  const int lo = (threadIdx.x % G) * EC;  // this thread's first component (after C0)
-  const int64_t i = k.i0 + threadIdx.x / G;
-  const bool active = i < k.i1;
-  {nl.join(st["decls"])}
-  if (active) {{
-    {nl.join(st["loads"])}
-  }}
-  {state}
+{entry}  {state}
   {loop_open}
     {"__syncthreads();  // the previous tile is read" if st["staged"] else ""}
     {nl.join(st["copies"])}
@@ -114,13 +109,13 @@ extern "C" __global__ void __launch_bounds__({THREADS}, 1) {name}_reduce(const L
 {merge}"""
 
 
-def wide_kernel(lin, formula, specs, opts, dtype, name, ranged: bool = False) -> str:
+def wide_kernel(r, lin, formula, specs, opts, name, ranged: bool = False) -> str:
     """``Σ_j F_ij`` with F wide (``K @ V``): each thread sums its slice of components,
-    a float partial per tile added to the TA totals once per tile."""
+    a float partial per tile added to the TA totals once per tile (``r``: the renderer)."""
     F = formula.dim
     G = wide_group(F)
     EC = -(-F // G)
-    st = _staging(lin, specs, dtype)
+    st = _staging(lin, specs, r.dtype)
     state = ("TA s[EC]; T p[EC];\n#pragma unroll\n  for (int e = 0; e < EC; ++e) "
              "{ s[e] = 0; p[e] = 0; }\n#define ACCUMULATE(e, w) p[e] += w")
     flush = ("#pragma unroll\n      for (int e = 0; e < EC; ++e) { s[e] += (TA)p[e]; "
@@ -145,12 +140,12 @@ extern "C" __global__ void __launch_bounds__({THREADS}, 1) {name}_merge(const Lt
   ((T*)a.outs[0])[r * {F} + c] = (T)t;
 }}
 """
-    narrow_code = render_formula(lin.narrow, list(specs), dtype)
-    return _frame(name, st, lin.narrow.dim, G, EC, 0, state, "", flush, finish, merge, dtype,
+    narrow_code = r.formula(lin.narrow, list(specs))
+    return _frame(name, st, lin.narrow.dim, G, EC, 0, state, "", flush, finish, merge,
                   narrow_code, ranged)
 
 
-def wide_softmax_kernel(lin, formula, specs, reduction, dtype, name,
+def wide_softmax_kernel(r, lin, formula, specs, reduction, name,
                         ranged: bool = False) -> str:
     """Softmax-weighted sums (attention) and weighted log-sum-exps with a wide weight: the
     threads of a row all follow the row's max and ``Σ exp(f - max)`` (the same arithmetic,
@@ -160,12 +155,7 @@ def wide_softmax_kernel(lin, formula, specs, reduction, dtype, name,
     EC = -(-W // G)
     softmax = reduction == "sumsoftmaxweight"
     f_comp = next(q for q, off in lin.direct if off == 0)
-    st = _staging(lin, specs, dtype)
-    state = """TA m = -(TA)INFINITY, s0 = 0; TA s[EC];
-  T pm = -(T)INFINITY, p0 = 0, sc = 1, et = 0; T ps[EC];
-#pragma unroll
-  for (int e = 0; e < EC; ++e) { s[e] = 0; ps[e] = 0; }
-#define ACCUMULATE(e, w) ps[e] = ps[e] * sc + et * (w)"""
+    st = _staging(lin, specs, r.dtype)
     pair = f"""const T x = o[{f_comp}];
         if (x == -(T)INFINITY) continue;
         const bool up = x > pm;
@@ -174,7 +164,22 @@ def wide_softmax_kernel(lin, formula, specs, reduction, dtype, name,
         et = up ? (T)1 : ex;
         p0 = p0 * sc + et;
         pm = up || x != x ? x : pm;"""
-    flush = """if (pm != -(T)INFINITY || pm != pm) {
+    narrow_code = r.formula(lin.narrow, list(specs))
+    return _frame(name, st, lin.narrow.dim, G, EC, 1, _SOFTMAX_STATE, pair, _SOFTMAX_FLUSH,
+                  _softmax_finish(W, softmax), _softmax_merge(name, W, softmax), narrow_code,
+                  ranged)
+
+
+# The row's running max m and Σ exp(f - m) (s0), and the slice's weighted sums s, in TA;
+# per tile the same in T (pm, p0, ps), rescaled by sc when the max grows.
+_SOFTMAX_STATE = """TA m = -(TA)INFINITY, s0 = 0; TA s[EC];
+  T pm = -(T)INFINITY, p0 = 0, sc = 1, et = 0; T ps[EC];
+#pragma unroll
+  for (int e = 0; e < EC; ++e) { s[e] = 0; ps[e] = 0; }
+#define ACCUMULATE(e, w) ps[e] = ps[e] * sc + et * (w)"""
+
+# The tile's partial joins the totals under their common max.
+_SOFTMAX_FLUSH = """if (pm != -(T)INFINITY || pm != pm) {
         TA f = 1, g = 1;  // scales of the totals and of the tile's partial
         if (pm != pm) { m = pm; f = pm; }
         else if ((TA)pm > m) { f = exp(m - (TA)pm); m = pm; }
@@ -184,15 +189,19 @@ def wide_softmax_kernel(lin, formula, specs, reduction, dtype, name,
         for (int e = 0; e < EC; ++e) { s[e] = s[e] * f + (TA)ps[e] * g; ps[e] = 0; }
         pm = -(T)INFINITY; p0 = 0;
       }"""
+
+
+def _softmax_finish(W: int, softmax: bool) -> str:
+    """A row's outputs (the weighted sums over Σ exp, and the lse, or the weighted lse),
+    or its partial accumulator (split-j)."""
     if softmax:
         write = f"((T*)a.outs[0])[row * {W} + lo + e] = (T)(s[e] / s0);"
         write_lse = "if (lo == 0) ((T*)a.outs[1])[row] = (T)(m + log(s0));"
-        base = 1
     else:
         write = f"((T*)a.outs[0])[row * {W} + lo + e] = (T)(m + log(s[e]));"
         write_lse = ""
-        base = 0
-    finish = f"""if (a.nJC == 1) {{
+    base = 1 if softmax else 0
+    return f"""if (a.nJC == 1) {{
 #pragma unroll
     for (int e = 0; e < EC; ++e) if (lo + e < {W}) {write}
     {write_lse}
@@ -203,11 +212,17 @@ def wide_softmax_kernel(lin, formula, specs, reduction, dtype, name,
     if (lo == 0) {{ acc->m = m; {"acc->s[0] = s0;" if softmax else ""} }}
   }}
 #undef ACCUMULATE"""
+
+
+def _softmax_merge(name: str, W: int, softmax: bool) -> str:
+    """The merge kernel: one thread per (row, weight component), the chunks' partials
+    under their common max."""
+    base = 1 if softmax else 0
     total = "s0" if softmax else "t"
     merge_write = (f"((T*)a.outs[0])[r * {W} + c] = (T)(t / s0);\n"
                    "  if (c == 0) ((T*)a.outs[1])[r] = (T)(m + log(s0));" if softmax else
                    f"((T*)a.outs[0])[r * {W} + c] = (T)(m + log(t));")
-    merge = f"""
+    return f"""
 // one thread per (row, weight component): the chunks' partials under their common max
 extern "C" __global__ void __launch_bounds__({THREADS}, 1) {name}_merge(const LtArgs a) {{
   const int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -231,9 +246,6 @@ extern "C" __global__ void __launch_bounds__({THREADS}, 1) {name}_merge(const Lt
   {merge_write}
 }}
 """
-    narrow_code = render_formula(lin.narrow, list(specs), dtype)
-    return _frame(name, st, lin.narrow.dim, G, EC, 1, state, pair, flush, finish, merge, dtype,
-                  narrow_code, ranged)
 
 
 __all__ = ["wide_group", "wide_kernel", "wide_softmax_kernel"]

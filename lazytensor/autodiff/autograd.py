@@ -10,7 +10,8 @@ indices: the formula is re-evaluated in torch at the selected pairs only (O(N·K
 memory). Backward calls the same Function again, so gradients of any order work.
 
 The symbolic part of a backward (the VJP formulas, their calls, the form their kernels
-take, :func:`lazytensor.codegen.linearize.plan_gradient_sum`) is a :class:`VjpFormulas`,
+take, :func:`lazytensor.codegen.linearize.plan_gradient_sum`, with the tuning of the
+call's backend) is a :class:`VjpFormulas`,
 worked out once per call and set of inputs that need a gradient (:func:`vjp_formulas`) and
 kept in the call's memo: a repeated backward runs no differentiation.
 
@@ -32,6 +33,7 @@ from ..codegen.arraymath import torch_namespace
 from ..codegen.compositions import concat
 from ..codegen.evaluate import evaluate
 from ..codegen.linearize import GradientForm, plan_gradient_sum
+from ..core import backend
 from ..core.call import ReductionCall, execute
 from .transforms import gathered_values, reduction_jvp, vmap_rule
 
@@ -102,7 +104,7 @@ class SideGradient:
 
     slots: tuple
     call: ReductionCall  # the Sum the kernel runs (after the gradient plan)
-    plan: GradientForm | None  # None on the NumPy backend: the formula as it is
+    plan: GradientForm | None  # None on a backend without tuning (NumPy): the formula as it is
     normalized: bool = False
     shift: tuple | None = None  # (argument slot, max_sumshiftexp call): see _shifted
 
@@ -151,10 +153,11 @@ def _vjp_plan(call: ReductionCall, needs: tuple, aux: bool) -> VjpFormulas:
         if axis == 0 and red.lse_output is not None and call.backend != "numpy":
             formula, side_dims, shift = _shifted(call, formula, dims, n_in + red.lse_output)
         sub = call.with_formula(formula, cats, side_dims, "sum", sum_opts, axis=axis)
-        if sub.backend == "numpy":
+        tuning = backend.get(sub.backend).tuning
+        if tuning is None:  # the reference backend: the formula as it is
             sides.append(SideGradient(ks, sub, None, weight is not None))
             continue
-        plan = plan_gradient_sum(sub.formula, len(sub.cats))
+        plan = plan_gradient_sum(sub.formula, len(sub.cats), tuning)
         run = dataclasses.replace(sub, formula=plan.split.G if plan.split else plan.formula,
                                   cats=sub.cats + ("j",) * len(plan.hoisted),
                                   dims=sub.dims + tuple(n.dim for n in plan.hoisted))

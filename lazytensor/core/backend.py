@@ -12,6 +12,9 @@ backend is adding a folder (CONTRIBUTING.md says what goes in it). What a backen
 - :meth:`~BackendRuntime.executor`: the launcher of one call for one layout of its
   arrays (it allocates the outputs and runs the kernel, which the backend renders,
   compiles and loads through :func:`lazytensor.core.kernels.kernel_binary`);
+- ``tuning``: the thresholds its kernels are tuned with
+  (:class:`lazytensor.codegen.tuning.Tuning`), with which the shared passes plan the
+  sums of its calls' gradients (None: the formulas run as they are);
 - a ``doctor`` module beside it: ``NAMES``, ``checks(kernel)`` and ``summary(checks)``,
   what ``python -m lazytensor doctor`` reports of it (:mod:`lazytensor.cli.doctor`).
 
@@ -46,6 +49,7 @@ class BackendRuntime:
     copies_numpy: bool = False
     needs: str = "CPU arrays"  # what its arrays must be, for messages
     contiguous_inputs: bool = True  # its launcher reads contiguous arrays (copies made first)
+    tuning = None  # codegen.tuning.Tuning of its kernels, for the shared planning passes
 
     def problem(self) -> str | None:
         """Why this backend cannot run on this machine (None: it can)."""

@@ -9,7 +9,9 @@ leaves. The two steps every backend's loader shares are here, once:
   into the cache (``LAZYTENSOR_DEBUG=1`` prints the key and the source; a slow compile
   is logged through :func:`lazytensor.core.progress.compile_notice`);
 - :func:`load_once`: the in-process table in front of it, one build per key even when
-  threads ask at the same time.
+  threads ask at the same time;
+- :func:`entry_metadata`: what a build recorded in a kernel's cache entry (the CPU
+  backend's stack requirement), read without loading or rebuilding anything.
 
 The CPU runtime (:mod:`lazytensor.backends.cpu.runtime`) and the CUDA loader
 (:mod:`lazytensor.backends.cuda.loader`) each give their toolchain and their ``load``.
@@ -138,6 +140,17 @@ def kernel_binary(tools: Toolchain, spec: KernelSpec):
     elif debug():
         print(f"[lazytensor] loaded {tools.label} {key} from {binary.path}", file=sys.stderr)
     return binary
+
+
+def entry_metadata(tools: Toolchain, spec: KernelSpec) -> dict:
+    """The metadata the build of ``spec`` by ``tools`` left in its cache entry (what the
+    build returned, with ``tools.meta``), or ``{}`` when the kernel is not on disk. The
+    binary is neither read nor checked here (:func:`kernel_binary` does that)."""
+    from ..cache import default_cache
+
+    meta = default_cache().read_meta(spec.key(tools.name, tools.identity, tools.key_extra))
+    extra = meta.get("extra") if meta else None
+    return extra if isinstance(extra, dict) else {}
 
 
 _locks_lock = threading.Lock()

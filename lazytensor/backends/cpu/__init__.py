@@ -7,8 +7,8 @@ tensors through their data pointers.
 - :mod:`.doctor`: the compiler, OpenMP and SIMD checks of ``python -m lazytensor doctor``.
 
 >>> from lazytensor.core import backend
->>> backend.get("cpu").auto
-0
+>>> backend.get("cpu").auto, backend.get("cpu").tuning.wide
+(0, 16)
 """
 
 from __future__ import annotations
@@ -23,6 +23,13 @@ class CpuBackend(BackendRuntime):
     device = "cpu"
     auto = 0
     needs = "CPU tensors"
+
+    @property
+    def tuning(self):
+        """The CPU plan's thresholds (:data:`lazytensor.codegen.cpu.TUNING`)."""
+        from ...codegen.cpu import TUNING
+
+        return TUNING
 
     def problem(self) -> str | None:
         from ...codegen.compilers import cpu_compiler

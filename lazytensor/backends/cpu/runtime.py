@@ -2,8 +2,11 @@
 
 ``get_cpu_kernel(spec)`` returns a loaded kernel: from the in-process table, else from
 the disk cache (verified), else rendered, compiled and stored (:mod:`lazytensor.core.kernels`
-holds that sequence for every backend). :class:`CpuLaunch` binds a kernel to one layout of
-its arguments, so that a repeated call only fills one array of words.
+holds that sequence for every backend). Before that, its memory per thread is checked
+against the threads' stacks (:func:`check_stack`): for a kernel on disk from the entry's
+metadata, else from the kernel's shape (:func:`planned_shape`, worked out once per spec
+and read by the render too). :class:`CpuLaunch` binds a kernel to one layout of its
+arguments, so that a repeated call only fills one array of words.
 
 ``LAZYTENSOR_DEBUG=1`` prints the cache key and the generated source when a kernel is built.
 """
@@ -11,6 +14,8 @@ its arguments, so that a repeated call only fills one array of words.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
+import functools
 import math
 import os
 import sys
@@ -21,7 +26,7 @@ from ...codegen import reductions
 from ...codegen.cpu import HEADER_WORDS, dot_tiling_enabled
 from ...core import interrupt
 from ...core.batch import batch_layout
-from ...core.kernels import KernelSpec, Toolchain, kernel_binary, load_once
+from ...core.kernels import KernelSpec, Toolchain, entry_metadata, kernel_binary, load_once
 
 
 class CpuKernel:
@@ -30,7 +35,7 @@ class CpuKernel:
     def __init__(self, binary, spec: KernelSpec):
         self.lib = binary.load(ctypes.CDLL)  # exactly the bytes the cache verified
         fn = self.lib.lt_run
-        fn.argtypes = [ctypes.c_void_p]  # one array of words, see codegen.render_cpu
+        fn.argtypes = [ctypes.c_void_p]  # one array of words, see codegen.cpu.entry
         fn.restype = ctypes.c_int
         self.fn = fn
         self.spec = spec
@@ -92,51 +97,81 @@ def stack_budget() -> int:
     return min(sizes) * 3 // 4
 
 
-def check_stack(spec: KernelSpec) -> None:
-    """Raise ValueError for a kernel too large for a thread's stack, or whose intermediate
-    values need more than 1 GB per thread (before anything is compiled)."""
-    from ...codegen.cpu.stack import cpu_kernel_memory
+@functools.lru_cache(maxsize=256)
+def planned_shape(spec: KernelSpec, dot_tiling: bool):
+    """The shape of ``spec``'s kernel (:func:`lazytensor.codegen.cpu.kernel.cpu_kernel_shape`):
+    planned once per spec and setting, read by the stack check and by the render."""
+    from ...codegen.cpu import kernel
 
-    mem = cpu_kernel_memory(spec.formula, list(spec.var_specs), spec.reduction,
-                            spec.opts_dict, spec.dtype, dot_tiling_enabled(), spec.ranged)
+    return kernel.cpu_kernel_shape(spec.formula, list(spec.var_specs), spec.reduction,
+                                   spec.dtype, dot_tiling)
+
+
+def kernel_memory(spec: KernelSpec) -> dict:
+    """``{"stack", "heap", "largest"}``: the bytes per thread ``spec``'s kernel needs on its
+    stack and in its heap buffer, and what takes most of the stack (from its shape)."""
+    from ...codegen.cpu.stack import kernel_memory as memory
+
+    mem = memory(planned_shape(spec, dot_tiling_enabled()), spec.reduction, spec.opts_dict,
+                 spec.ranged)
+    return {"stack": mem.stack, "heap": mem.heap, "largest": mem.largest_part()}
+
+
+def check_stack(spec: KernelSpec, tools: Toolchain | None = None) -> dict:
+    """Raise ValueError for a kernel too large for a thread's stack, or whose intermediate
+    values need more than 1 GB per thread (before anything is compiled). Returns the
+    kernel's :func:`kernel_memory`: with ``tools`` (its toolchain), that of a kernel on
+    disk is read from its entry's metadata (nothing planned), else it is planned."""
+    stored = entry_metadata(tools, spec).get("memory") if tools is not None else None
+    mem = stored if _is_memory(stored) else kernel_memory(spec)
     budget = stack_budget()
     opts = f" with {', '.join(f'{k}={v}' for k, v in spec.opts)}" if spec.opts else ""
     what = (f"formula too large for a CPU kernel: {spec.reduction}{opts} of a formula of "
             f"dimension {spec.formula.dim}")
-    if mem.stack > budget:
+    if mem["stack"] > budget:
         raise ValueError(
-            f"{what} needs about {-(-mem.stack >> 20)} MB of stack per thread (at most "
-            f"{budget / (1 << 20):.1f} MB here; most of it for its {mem.largest_part()}); "
+            f"{what} needs about {-(-mem['stack'] >> 20)} MB of stack per thread (at most "
+            f"{budget / (1 << 20):.1f} MB here; most of it for its {mem['largest']}); "
             "reduce fewer components at once (slice the formula, or use a smaller K)")
-    if mem.heap > _HEAP_BUDGET:
+    if mem["heap"] > _HEAP_BUDGET:
         raise ValueError(
-            f"{what} needs {mem.heap >> 20} MB per thread for its intermediate values (at "
+            f"{what} needs {mem['heap'] >> 20} MB per thread for its intermediate values (at "
             f"most {_HEAP_BUDGET >> 20} MB); split it into smaller pieces")
+    return mem
+
+
+def _is_memory(value) -> bool:
+    return (isinstance(value, dict) and isinstance(value.get("stack"), int)
+            and isinstance(value.get("heap"), int) and isinstance(value.get("largest"), str))
 
 
 def cpu_toolchain(render=None, key_extra: dict | None = None, label: str = "kernel") -> Toolchain:
     """The CPU backend: the system C++ compiler, ``lt_run`` in ``kernel.so``. ``render``
-    (spec -> C++ source; default: the reduction kernel), ``key_extra`` (more settings in
-    the key) and ``label`` serve other kernels built the same way (the two-sided one)."""
+    (spec -> C++ source; default: the reduction kernel of the spec's planned shape),
+    ``key_extra`` (more settings in the key) and ``label`` serve other kernels built the
+    same way (the two-sided one)."""
     from ...codegen.compilers import cpu_compiler
-    from ...codegen.cpu.kernel import render_cpu_kernel
+    from ...codegen.cpu.kernel import render_planned
 
     compiler = cpu_compiler()
     if not compiler.available:
         raise compiler.not_found()
+    dot_tiling = dot_tiling_enabled()
     if render is None:
         def render(spec):
-            return render_cpu_kernel(spec.formula, list(spec.var_specs), spec.reduction,
-                                     spec.opts_dict, spec.dtype, ranged=spec.ranged)
+            return render_planned(planned_shape(spec, dot_tiling), spec.reduction,
+                                  spec.opts_dict, spec.ranged)
     return Toolchain(
         "cpu", "kernel.so", compiler.identity(), render=render,
         compile=lambda source, workdir, what: compiler.compile(source, workdir, "kernel", what),
-        key_extra={"dot_tiling": dot_tiling_enabled(), **(key_extra or {})}, label=label)
+        key_extra={"dot_tiling": dot_tiling, **(key_extra or {})}, label=label)
 
 
 def _load_or_build_cpu(spec: KernelSpec) -> CpuKernel:
-    check_stack(spec)
-    return CpuKernel(kernel_binary(cpu_toolchain(), spec), spec)
+    tools = cpu_toolchain()
+    memory = check_stack(spec, tools)  # kept in the entry: a later process plans nothing
+    tools = dataclasses.replace(tools, meta={**tools.meta, "memory": memory})
+    return CpuKernel(kernel_binary(tools, spec), spec)
 
 
 # libgomp's thread pool does not survive fork(): a child that enters a parallel region

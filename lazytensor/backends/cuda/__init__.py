@@ -30,6 +30,13 @@ class CudaBackend(BackendRuntime):
     copies_numpy = True
     needs = "torch CUDA tensors"
 
+    @property
+    def tuning(self):
+        """The CUDA kernels' thresholds (:data:`lazytensor.codegen.cuda.TUNING`)."""
+        from ...codegen.cuda import TUNING
+
+        return TUNING
+
     def executor(self, call, shapes: tuple, out_specs: list):
         from .launch import CudaExecutor  # pycuda is imported when the kernel loads
 
