@@ -137,7 +137,7 @@ def split_cost(problem, prof, eta, eta_grad, tol, beat=float("inf")):
     """The best near/far split over a few mask widths σ (None if none fits, or none
     is estimated below ``beat``): the far field's estimate first, the near pairs counted
     only for the widths whose far field alone is below the best so far."""
-    p = 3 if tol >= 1e-4 else 5
+    p = 4 if tol >= 1e-5 else 6  # (one near kernel per formula and tolerance class)
     L = problem.hi - problem.lo
     best = None
     for k in range(3, 10):
