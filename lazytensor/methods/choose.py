@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..codegen import ir
 from . import costs, near, spectral
-from .split import Mask
+from .split import Mask, near_formula
 
 SMALL_S = 0.05  # an exact sum estimated below this is not worth planning anything else
 
@@ -56,8 +57,20 @@ def _seconds(s: float) -> str:
     return "-" if not math.isfinite(s) else f"{s:.3g} s"
 
 
-def exact_cost(N: int, M: int, E: int, dtype: str) -> float:
-    return N * M * costs.PAIR_S.get(dtype, costs.PAIR_S["float64"]) * (1 + 0.3 * (E - 1))
+# ops whose cost per pair is a few multiplications' (the rest count one per component)
+_HEAVY = frozenset("exp log sqrt rsqrt div inv pow powf erf erfc sin cos tanh atan".split())
+_GAUSSIAN_UNITS = 17.0  # exp(-|x - y|² / h²) b_j in D = 3, the calibration's formula
+
+
+def formula_units(formula) -> float:
+    """The work per pair of a formula relative to the calibration's Gaussian."""
+    units = sum((4 if n.op in _HEAVY else 1) * n.dim for n in ir.topo_order(formula)
+                if n.op not in ("var", "const"))
+    return max(units / _GAUSSIAN_UNITS, 0.5)
+
+
+def exact_cost(N: int, M: int, E: int, dtype: str, units: float = 1.0) -> float:
+    return N * M * costs.PAIR_S.get(dtype, costs.PAIR_S["float64"]) * units
 
 
 def _pairs(problem, radius: float, k: int):
@@ -69,14 +82,15 @@ def _pairs(problem, radius: float, k: int):
     return pairs * (len(x) / len(xs)) * (len(y) / len(ys)), items * len(x) / len(xs)
 
 
-def near_cost(problem, radius: float):
-    """``(seconds, k)`` of the pairs closer than ``radius`` (cells of side radius / k)."""
+def near_cost(problem, radius: float, units: float):
+    """``(seconds, k)`` of the pairs closer than ``radius`` (cells of side radius / k) for
+    a formula of ``units`` (:func:`formula_units`)."""
     if not radius < problem.diameter:
         return float("inf"), 1
     best = (float("inf"), 1)
     for k in (1, 2):
         pairs, items = _pairs(problem, radius, k)
-        s = (pairs * costs.RANGED_PAIR_S * (1 + 0.3 * (problem.E - 1)) + items * costs.BLOCK_S
+        s = (pairs * costs.RANGED_PAIR_S * units + items * costs.BLOCK_S
              + (problem.N + problem.M) * costs.SORT_S)
         best = min(best, (s, k))
     return best
@@ -90,7 +104,7 @@ def truncation(problem, prof, eta, eta_grad):
         env = np.maximum.accumulate(g[::-1])[::-1]
         ok = env <= 0.9 * eta_grad
         radius = max(radius, float(prof.r[int(np.argmax(ok))]) if ok.any() else float("inf"))
-    seconds, k = near_cost(problem, radius)
+    seconds, k = near_cost(problem, radius, formula_units(problem.formula))
     return seconds + costs.CALL_S, {"radius": float(f"{radius:.4g}"), "cells": f"radius/{k}"}, \
         prof.tail(radius), (radius, k)
 
@@ -102,8 +116,8 @@ def spectral_cost(problem, prof, eta, eta_grad):
     L, center = problem.hi - problem.lo, (problem.hi + problem.lo) / 2
     if prof.gaussian is not None:
         far = spectral.gaussian_far(L, center, *prof.gaussian, eta, eta_grad)
-        seconds = spectral.transform_cost(problem.N, problem.M, problem.E, far.coef.modes,
-                                          far.eps, eta_grad is not None)
+        seconds, far.upsampfac = spectral.best_upsampling(
+            problem.N, problem.M, problem.E, far.coef.modes, far.eps, eta_grad is not None)
         return seconds + costs.CALL_S, far.describe(), far.bound, far
     setup = spectral.window_for(prof, L, eta, None)
     if setup is None:
@@ -120,10 +134,11 @@ def _sampled_estimate(problem, setup, eta, eta_grad, share, mask):
         return None
     modes = modes_for(cutoff, P)
     eps = share * eta / (2 * spectral.C_NUFFT * 2 * max(prof_sup(kernel), 1e-300))
-    seconds = spectral.transform_cost(problem.N, problem.M, problem.E, modes, eps,
-                                      eta_grad is not None)
+    seconds, up = spectral.best_upsampling(problem.N, problem.M, problem.E, modes, eps,
+                                           eta_grad is not None)
     seconds += (n_f // 2 + 1) ** problem.D * costs.SAMPLE_S + costs.CALL_S
-    return seconds, {"modes": modes, "eps": float(f"{eps:.3g}")}, eta, ("sampled", mask)
+    return seconds, {"modes": modes, "eps": float(f"{eps:.3g}"), "upsampfac": up}, eta, \
+        ("sampled", mask)
 
 
 def prof_sup(kernel) -> float:
@@ -140,8 +155,8 @@ def split_cost(problem, prof, eta, eta_grad, tol, beat=float("inf")):
     p = 4 if tol >= 1e-5 else 6  # (one near kernel per formula and tolerance class)
     L = problem.hi - problem.lo
     best = None
-    for k in range(3, 10):
-        sigma = problem.diameter / 2 ** k
+    for k in range(6, 19):  # σ from diam / 8 to diam / 512, by factors of √2
+        sigma = problem.diameter / 2 ** (k / 2)
         mask = Mask(sigma, p)
         radius = mask.reach(prof, 0.05 * eta, None if eta_grad is None else 0.05 * eta_grad)
         if not radius < problem.diameter:
@@ -152,7 +167,9 @@ def split_cost(problem, prof, eta, eta_grad, tol, beat=float("inf")):
         far = _sampled_estimate(problem, setup, eta, eta_grad, 0.75, mask)
         if far is None or far[0] >= min(beat, best[0] if best else beat):
             continue
-        near_s, cells_k = near_cost(problem, radius)
+        units = formula_units(near_formula(problem.formula, problem.kernel.sqdist,
+                                           len(problem.variables), p))
+        near_s, cells_k = near_cost(problem, radius, units)
         seconds = near_s + far[0]
         if best is None or seconds < best[0]:
             params = {"sigma": float(f"{sigma:.4g}"), "p": p, "radius": float(f"{radius:.4g}"),
@@ -166,7 +183,8 @@ def choose(problem, prof, tol: float, eta: float, eta_grad, guarantee: str,
     """The cheapest method for ``problem`` to ``eta`` per pair (``eta_grad`` for the
     gradients when asked); without finufft (``spectral_ok`` False), exact or truncation;
     ``force``: that method, or ValueError if it does not apply."""
-    est = {"exact": exact_cost(problem.N, problem.M, problem.E, problem.dtype)}
+    est = {"exact": exact_cost(problem.N, problem.M, problem.E, problem.dtype,
+                               formula_units(problem.formula))}
     if force is not None:
         return _forced(problem, prof, tol, eta, eta_grad, guarantee, spectral_ok, force, est)
     if est["exact"] < SMALL_S:

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-MAX_GRID = 2 ** 24  # samples of a sampled kernel (D = 3: 256³)
+MAX_GRID = 2 ** 24  # samples of a sampled kernel's octant (D = 3: 256³)
+MAX_MODES = 2 ** 26  # points of the transforms' upsampled grid: 1 GB complex
 
 
 @dataclass(eq=False)
@@ -226,7 +227,10 @@ def grid_size(cutoff: float, period, D: int) -> int | None:
     or None beyond :data:`MAX_GRID` samples."""
     need = 2 * int(math.ceil(1.5 * cutoff * float(np.max(period)) / (2 * math.pi))) + 8
     n = _nice(max(need, 16))
-    return n if n ** D <= MAX_GRID else None
+    if (n // 2 + 1) ** D > MAX_GRID or math.prod(
+            math.ceil(1.25 * k) for k in modes_for(cutoff, period)) > MAX_MODES:
+        return None
+    return n
 
 
 def _nice(n: int) -> int:

@@ -211,6 +211,7 @@ def _far(planned: Planned, mask, share: float):
                                                mask, share)
         if planned.far is None:
             raise RuntimeError("the far field's grid outgrew its bound; report this formula")
+        planned.far.pick_upsampling(p.N, p.M, p.E, planned.eta_grad is not None)
         planned.choice.params.update(planned.far.describe())
     return planned.far
 

@@ -40,6 +40,7 @@ from .split import Mask, Window
 
 C_NUFFT = 20.0
 MIN_EPS = 1e-14  # finufft's double precision floor (it refuses below 1e-15)
+UPSAMPLING = (2.0, 1.25)  # finufft's grids: 2 K_d (narrower spreading) or 1.25 K_d points
 
 
 @dataclass(eq=False)
@@ -54,11 +55,18 @@ class FarField:
     bound: float
     grad_bound: np.ndarray | None = None
     terms: dict | None = None
+    upsampfac: float = 2.0
 
     def describe(self) -> dict:
         c = self.coef
         return {"modes": c.modes, "period": tuple(round(float(p), 4) for p in c.period),
-                "eps": float(f"{self.eps:.3g}"), "coefficients": c.kind}
+                "eps": float(f"{self.eps:.3g}"), "upsampfac": self.upsampfac,
+                "coefficients": c.kind}
+
+    def pick_upsampling(self, N: int, M: int, E: int, grad: bool) -> FarField:
+        """The cheaper of finufft's two grids for these sizes (the one that fits)."""
+        self.upsampfac = best_upsampling(N, M, E, self.coef.modes, self.eps, grad)[1]
+        return self
 
 
 def choose_eps(coef: coefficients.Coefficients, budget: float, grad_budget=None) -> float:
@@ -134,7 +142,7 @@ def sampled_far(profile, L, center, eta: float, eta_grad=None, mask: Mask | None
         if coef is not None:
             break
         n_f = coefficients._nice(int(n_f * 1.5))
-        n_f = n_f if n_f ** D <= coefficients.MAX_GRID else None
+        n_f = n_f if (n_f // 2 + 1) ** D <= coefficients.MAX_GRID else None
     if n_f is None:
         return None
     eps = choose_eps(coef, share * eta, None if eta_grad is None else share * eta_grad)
@@ -215,13 +223,15 @@ def _type1(far: FarField, y: np.ndarray, w: np.ndarray) -> np.ndarray:
     D = y.shape[1]
     f = getattr(_finufft(), f"nufft{D}d1")
     c = np.ascontiguousarray(w.T, dtype=np.complex128)
-    return f(*_scaled(y, far), c, far.coef.modes, eps=max(far.eps, MIN_EPS), isign=-1)
+    return f(*_scaled(y, far), c, far.coef.modes, eps=max(far.eps, MIN_EPS), isign=-1,
+             upsampfac=far.upsampfac)
 
 
 def _type2(far: FarField, x: np.ndarray, modes: np.ndarray) -> np.ndarray:
     D = x.shape[1]
     f = getattr(_finufft(), f"nufft{D}d2")
-    return f(*_scaled(x, far), np.ascontiguousarray(modes), eps=max(far.eps, MIN_EPS), isign=1)
+    return f(*_scaled(x, far), np.ascontiguousarray(modes), eps=max(far.eps, MIN_EPS), isign=1,
+             upsampfac=far.upsampfac)
 
 
 def apply(far: FarField, x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -246,16 +256,38 @@ def apply_gradient(far: FarField, x, y, w, g) -> np.ndarray:
     return np.einsum("den,ne->nd", out, np.asarray(g, dtype=np.float64))
 
 
-def transform_cost(N: int, M: int, E: int, modes: tuple, eps: float, grad: bool = False) -> float:
-    """Seconds of the two transforms (three kinds of terms: spreading/interpolation of
-    each point over ``w^D`` grid points, ``w = ⌈log10(1/eps)⌉ + 1``; the FFTs of the
-    upsampled grid, ×2 per dimension), on this machine's scale (:mod:`.costs`)."""
-    from .costs import FFT_S, SPREAD_S
+def spread_width(eps: float, upsampfac: float) -> int:
+    """finufft's kernel width: ``⌈ln(10/eps) / (π sqrt(1 − 1/σ))⌉``, at most 16."""
+    return min(16, math.ceil(math.log(10 / max(eps, MIN_EPS))
+                             / (math.pi * math.sqrt(1 - 1 / upsampfac))))
+
+
+def best_upsampling(N, M, E, modes, eps, grad=False) -> tuple:
+    """``(seconds, upsampfac)``: the cheaper grid whose points fit
+    :data:`lazytensor.methods.coefficients.MAX_MODES` (1.25 only for eps ≥ 1e-9, where
+    its widths suffice); ``(inf, 2.0)`` when neither fits."""
+    best = (float("inf"), 2.0)
+    for up in UPSAMPLING:
+        if up < 2 and eps < 1e-9:
+            continue
+        if math.prod(math.ceil(up * k) for k in modes) > coefficients.MAX_MODES:
+            continue
+        best = min(best, (transform_cost(N, M, E, modes, eps, grad, up), up))
+    return best
+
+
+def transform_cost(N: int, M: int, E: int, modes: tuple, eps: float, grad: bool = False,
+                   upsampfac: float = 2.0) -> float:
+    """Seconds of the two transforms (three kinds of terms: each point's setup; its
+    spreading/interpolation over ``w^D`` grid points (:func:`spread_width`); the FFTs of
+    the upsampled grid), on this machine's scale (:mod:`.costs`)."""
+    from .costs import FFT_S, NUFFT_POINT_S, SPREAD_S
 
     D = len(modes)
-    w = math.ceil(math.log10(1 / max(eps, MIN_EPS))) + 1
-    grid = math.prod(2 * k for k in modes)
+    w = spread_width(eps, upsampfac)
+    grid = math.prod(math.ceil(upsampfac * k) for k in modes)
     transforms = E * (1 + (D if grad else 0))
+    points = (M + N) * NUFFT_POINT_S * (2 if grad else 1)
     spread = (M * E + N * transforms) * w ** D * SPREAD_S
     fft = (E + transforms) * grid * math.log2(max(grid, 2)) * FFT_S
-    return spread + fft
+    return points + spread + fft
