@@ -155,7 +155,7 @@ def split_cost(problem, prof, eta, eta_grad, tol, beat=float("inf")):
     p = 4 if tol >= 1e-5 else 6  # (one near kernel per formula and tolerance class)
     L = problem.hi - problem.lo
     best = None
-    for k in range(6, 19):  # σ from diam / 8 to diam / 512, by factors of √2
+    for k in range(6, 23):  # σ from diam / 8 to diam / 2048, by factors of √2
         sigma = problem.diameter / 2 ** (k / 2)
         mask = Mask(sigma, p)
         radius = mask.reach(prof, 0.05 * eta, None if eta_grad is None else 0.05 * eta_grad)
@@ -198,8 +198,9 @@ def choose(problem, prof, tol: float, eta: float, eta_grad, guarantee: str,
     est["spectral"] = s[0] if s else float("inf")
     if s:
         options["spectral"] = s
-    sp = split_cost(problem, prof, eta, eta_grad, tol, min(est.values())) if spectral_ok \
-        else None
+    # a kernel smooth at 0 needs no split unless its spectrum is too wide for one grid
+    wanted = spectral_ok and (not (prof.smooth and prof.bounded) or s is None)
+    sp = split_cost(problem, prof, eta, eta_grad, tol, min(est.values())) if wanted else None
     est["split"] = sp[0] if sp else float("inf")
     if sp:
         options["split"] = sp
