@@ -348,3 +348,142 @@ def gaussian_fourier(amplitude: float, alpha: float, omega_sq, D: int):
     True
     """
     return amplitude * (math.pi / -alpha) ** (D / 2) * np.exp(np.asarray(omega_sq) / (4 * alpha))
+
+
+# ------------------------------------------------------------------ gradient forms
+
+
+@dataclass(frozen=True)
+class RadialGradient:
+    """``Σ_j (x_i − y_j) ψ(|x_i − y_j|²) ⟨u_i, w_j⟩``: the form of the gradient of a radial
+    sum in its targets (pykeops's ``K.grad(x, g).sum(dim=1)``, with ``ψ = 2φ'``, ``u = g``
+    and ``w`` the weights). ``profile`` is ψ in :data:`T`, ``u`` and ``weight`` the IR of
+    the i- and j-factors (dimension ``E``), the result has x's dimension."""
+
+    x: ir.Node
+    y: ir.Node
+    profile: ir.Node
+    u: ir.Node
+    weight: ir.Node
+    E: int
+
+    @property
+    def D(self) -> int:
+        return self.x.dim
+
+
+def _signed_terms(node: ir.Node, sign: float = 1.0) -> list:
+    if node.op == "add":
+        return _signed_terms(node.args[0], sign) + _signed_terms(node.args[1], sign)
+    if node.op == "sub" and _depends_ij(node) and not _is_difference(node):
+        return _signed_terms(node.args[0], sign) + _signed_terms(node.args[1], -sign)
+    if node.op == "neg":
+        return _signed_terms(node.args[0], -sign)
+    return [(node, sign)]
+
+
+def _is_difference(node: ir.Node) -> bool:
+    return (node.op == "sub" and all(a.op == "var" for a in node.args)
+            and {a.cat for a in node.args} == {"i", "j"} and node.args[0].dim == node.args[1].dim)
+
+
+def analyze_gradient(formula: ir.Node) -> RadialGradient | NotRadial:
+    """The :class:`RadialGradient` that ``formula`` is (over j), or :class:`NotRadial`.
+
+    >>> from lazytensor.codegen import diff
+    >>> x, y, b, g = ir.var(0, 2, "i"), ir.var(1, 2, "j"), ir.var(2, 1, "j"), ir.var(3, 1, "i")
+    >>> s = ops.apply("sum", ops.apply("mul", ops.apply("sub", x, y), ops.apply("sub", x, y)))
+    >>> F = ops.apply("mul", ops.apply("exp", ops.apply("neg", s)), b)
+    >>> rg = analyze_gradient(diff.vjp(F, [x], g)[x])
+    >>> (rg.D, rg.E, rg.u is g, rg.weight is b)
+    (2, 1, True, True)
+    >>> profile_values(rg.profile, np.array([1.0]), {}).round(6).tolist()   # -2 exp(-t)
+    [-0.735759]
+    """
+    D = formula.dim
+    pair, psis = None, []
+    for node, sign in _signed_terms(formula):
+        found = _gradient_term(node, D)
+        if isinstance(found, NotRadial):
+            return found
+        (x, y, u, w), psi, s = found
+        if pair is None:
+            pair = (x, y, u, w)
+        elif pair != (x, y, u, w):
+            return NotRadial("the terms of the gradient form differ in their points or weights")
+        psis.append((psi, sign * s))
+    x, y, u, w = pair
+    if x.dim > MAX_D:
+        return NotRadial(f"D = {x.dim}: the fast methods cover D <= {MAX_D}")
+    # equal terms (the product rule's two halves of d(x-y)·(x-y)) are one, counted
+    counted: dict = {}
+    for p, c in psis:
+        counted[p] = counted.get(p, 0.0) + c
+    psi = None
+    for p, c in counted.items():
+        term = p if c == 1 else ops.apply("mul", ir.const(c), p)
+        psi = term if psi is None else ops.apply("add", psi, term)
+    bad = sorted({n.op for n in ir.topo_order(psi)} - SMOOTH_OPS)
+    if bad:
+        return NotRadial(f"the kernel has a branch or non-smooth op ({', '.join(bad)})")
+    return RadialGradient(x, y, psi, u, w, u.dim)
+
+
+def _gradient_term(node: ir.Node, D: int):
+    """``((x, y, u, w), ψ_t, sign)`` of one term ``(±(x − y)) · c``."""
+    fs = []
+    for f, den in _factors(node):
+        if f.op == "expand" and not den:
+            fs += _factors(f.args[0])
+        else:
+            fs.append((f, den))
+    diffs = [(f, den) for f, den in fs if _is_difference(f) and f.dim == D]
+    if len(diffs) != 1 or diffs[0][1]:
+        return NotRadial("not of the form (x_i - y_j) ψ(|x_i - y_j|²) <u_i, w_j>")
+    d = diffs[0][0]
+    x, y = (d.args[0], d.args[1]) if d.args[0].cat == "i" else (d.args[1], d.args[0])
+    sign = 1.0 if d.args[0].cat == "i" else -1.0
+    radial_part, u, w, bilinear = [], [], [], None
+    for f, den in fs:
+        if f is d:
+            continue
+        vs = set(ir.variables(f))
+        cats = {v.cat for v in vs}
+        if x in vs or y in vs:
+            radial_part.append(_power(f, den))
+        elif "i" in cats and "j" in cats:
+            if bilinear is not None or den or f.op != "sum" or f.args[0].op != "mul":
+                return NotRadial("the weights of the gradient form are not <u_i, w_j>")
+            a, b = f.args[0].args
+            a, b = (a, b) if {v.cat for v in ir.variables(a)} <= {"i", "p"} else (b, a)
+            if not ({v.cat for v in ir.variables(a)} <= {"i", "p"}
+                    and {v.cat for v in ir.variables(b)} <= {"j", "p"}):
+                return NotRadial("the weights of the gradient form are not <u_i, w_j>")
+            bilinear = (a, b)
+        elif "i" in cats:
+            u.append(_power(f, den))
+        elif "j" in cats:
+            w.append(_power(f, den))
+        else:
+            radial_part.append(_power(f, den))
+    if bilinear is not None:
+        if u or w:
+            return NotRadial("the weights of the gradient form are not <u_i, w_j>")
+        u_node, w_node = bilinear
+    elif u and w:
+        u_node, w_node = _product(u), _product(w)
+        if u_node.dim != 1 or w_node.dim != 1:
+            return NotRadial("the weights of the gradient form are not <u_i, w_j>")
+    else:
+        return NotRadial("the gradient form needs an i-factor and a j-factor")
+    if not radial_part:
+        return NotRadial("no kernel in the gradient form")
+    found = _radial_profile(_product(radial_part)) if any(
+        x in set(ir.variables(f)) for f in radial_part) else None
+    if found is None:
+        return NotRadial("no kernel in the gradient form")
+    if isinstance(found, NotRadial):
+        return found
+    if found[0] is not x or found[1] is not y:
+        return NotRadial("the kernel of the gradient form is not in its difference's points")
+    return (x, y, u_node, w_node), found[2], sign

@@ -299,3 +299,26 @@ def test_torch_and_numpy_agree_and_the_log_says_the_choice(rng, caplog):
     t = Kt.__matmul__(torch.tensor(b), tol=1e-6)
     assert isinstance(t, torch.Tensor)
     np.testing.assert_allclose(t.numpy(), a, atol=1e-6 * np.abs(b).sum())
+
+
+@pytest.mark.parametrize("method, h, wrt", [(None, 0.2, "x"), ("truncation", 0.03, "x"),
+                                            ("spectral", 0.1, "y")])
+def test_numpy_gradients_hold_the_contract(rng, method, h, wrt):
+    """pykeops's gradients in NumPy: ``K.grad(x, g).sum(dim=1, tol=...)`` (over i for y)."""
+    D, E, tol, n = 2, 2, 1e-5, 8000
+    x, y = rng.random((n, D)), rng.random((n, D))
+    b, g = rng.standard_normal((n, E)), rng.standard_normal((n, E))
+    K = (-Vi(x).sqdist(Vj(y)) / h ** 2).exp() * Vj(b)
+    G = K.grad(Vi(x), g) if wrt == "x" else K.grad(Vj(y), g)
+    dim = 1 if wrt == "x" else 0
+    with lazytensor.options(tol=tol, method=method):
+        assert lazytensor.explain(G, dim=dim).method != "exact"
+        got = G.sum(dim=dim)
+    rows = rng.choice(n, ROWS, replace=False)
+    a, c, wa, wc = (x, y, g, b) if wrt == "x" else (y, x, b, g)
+    z = a[rows][:, None] - c[None]
+    k = np.exp(-(z ** 2).sum(-1) / h ** 2)
+    want = np.einsum("nmd,nm->nd", z * (-2 / h ** 2) * k[..., None], wa[rows] @ wc.T)
+    grad_sup = 2 / h ** 2 * h / math.sqrt(2) * math.exp(-0.5)  # sup_r 2r/h² e^{-r²/h²}
+    bound = tol * grad_sup * (np.abs(wa[rows]) @ np.abs(wc).sum(0))
+    assert np.all(np.abs(got[rows] - want).max(1) <= bound)

@@ -135,3 +135,32 @@ def test_gaussian_fourier_transform_matches_quadrature():
     numeric = np.trapezoid(np.exp(-z ** 2 / h ** 2) * np.cos(omega * z), z)
     assert radial.gaussian_fourier(1.0, -1 / h ** 2, omega ** 2, 1) == pytest.approx(numeric,
                                                                                     rel=1e-9)
+
+
+@pytest.mark.parametrize("name", ["gaussian", "laplacian", "cauchy"])
+def test_gradient_forms(rng, name):
+    x, y, b = _points(rng, 3)
+    g = rng.random((len(x), 2))
+    h = 0.7
+    K, phi, _ = _formulas(x, y, b, h)[name]
+    G = K.grad(Vi(x), g)
+    found = radial.analyze_gradient(G.formula)
+    assert isinstance(found, radial.RadialGradient), found.reason
+    assert found.D == 3 and found.E == 2 and found.u.cat == "i"
+    # ψ = 2 φ'(t): compare with a centered difference of φ(sqrt(t))
+    t = rng.uniform(0.1, 2.0, 10)
+    dt = 1e-6
+    dphi = (phi(np.sqrt(t + dt)) - phi(np.sqrt(t - dt))) / (2 * dt)
+    np.testing.assert_allclose(radial.profile_values(found.profile, t, _params(G)), 2 * dphi,
+                               rtol=1e-6)
+    # the y-gradient (a reduction over i) is the same form with i and j exchanged
+    Gy = K.grad(Vj(y), rng.random((len(x), 2)))
+    assert isinstance(radial.analyze_gradient(ir.swap_ij(Gy.formula)), radial.RadialGradient)
+
+
+def test_not_gradient_forms(rng):
+    x, y, b = _points(rng, 3)
+    K = (-Vi(x).sqdist(Vj(y))).exp() * (Vi(x) - Vj(y))
+    assert isinstance(radial.analyze_gradient(K.formula), radial.NotRadial)
+    K = (-Vi(x).sqdist(Vj(y))).exp() * (Vi(x) * Vj(y))  # not a difference
+    assert isinstance(radial.analyze_gradient(K.formula), radial.NotRadial)

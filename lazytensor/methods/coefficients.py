@@ -72,10 +72,10 @@ def gaussian(A: float, alpha: float, L, eta_images: float, eta_trunc: float,
     component when given)."""
     L = np.maximum(np.asarray(L, dtype=np.float64), 1e-12)
     D = len(L)
-    R = math.sqrt(math.log(max(2 * D * A / eta_images, 2.0)) / -alpha)
+    R = math.sqrt(math.log(max(2 * D * abs(A) / eta_images, 2.0)) / -alpha)
     while True:
         P = L + R
-        images = A * _gaussian_images(alpha, L, P, grad=eta_grad is not None)
+        images = abs(A) * _gaussian_images(alpha, L, P, grad=eta_grad is not None)
         if images <= eta_images:
             break
         R *= 1.05
@@ -90,14 +90,14 @@ def gaussian(A: float, alpha: float, L, eta_images: float, eta_trunc: float,
         keep = [np.abs(w) <= cutoff + 1e-12 for w in w1]
         full = [c.sum() for c in c1]
         kept = [c[k].sum() for c, k in zip(c1, keep)]
-        value = A * (math.prod(full) - math.prod(kept))
+        value = abs(A) * (math.prod(full) - math.prod(kept))
         grad = []
         for d in range(D):
             g_full = (np.abs(w1[d]) * c1[d]).sum()
             g_kept = (np.abs(w1[d][keep[d]]) * c1[d][keep[d]]).sum()
             rest_full = math.prod(full[:d] + full[d + 1:])
             rest_kept = math.prod(kept[:d] + kept[d + 1:])
-            grad.append(A * (g_full * rest_full - g_kept * rest_kept))
+            grad.append(abs(A) * (g_full * rest_full - g_kept * rest_kept))
         return value, np.array(grad)
 
     candidates = np.unique(np.concatenate([np.abs(w) for w in w1]))

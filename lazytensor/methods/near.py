@@ -81,7 +81,8 @@ def _intervals(src_unique, src_starts, src_counts, dst_unique, dst_starts, dst_c
     new = np.ones(len(flat), bool)
     new[1:] = (rows[1:] != rows[:-1]) | (flat[1:] != flat[:-1] + 1)
     first = np.flatnonzero(new)
-    last = np.append(first[1:], len(flat)) - 1
+    last = np.append(first[1:], len(flat)).astype(np.int64) - 1
+    last = last[: len(first)]
     starts = dst_starts[flat[first]]
     ends = dst_starts[flat[last]] + dst_counts[flat[last]]
     intervals = np.stack([starts, ends], 1).astype(np.int64)

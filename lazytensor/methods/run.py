@@ -21,7 +21,7 @@ from ..codegen import ir, ops
 from ..core.binding import Variable, is_torch
 from ..core.progress import logger
 from ..engine import plans as engine
-from . import near, spectral
+from . import gradform, near, spectral
 from .choose import Choice, choose
 from .problem import bind_problem
 from .profile import Profile
@@ -60,9 +60,10 @@ def _stamp(a):
 class Planned:
     """A problem, its profile and the method chosen for it (with what that computed)."""
 
-    def __init__(self, problem, profile, choice: Choice, eta, eta_grad):
+    def __init__(self, problem, profile, choice: Choice, eta, eta_grad, kind: str = "sum"):
         self.problem, self.profile, self.choice = problem, profile, choice
         self.eta, self.eta_grad = eta, eta_grad
+        self.kind = kind  # "sum", or "gradient" (lazytensor.methods.gradform)
         self.cells = None
         self.far = None
 
@@ -72,11 +73,13 @@ def plan(formula, variables: list, axis: int, tol: float) -> Planned:
     tol = check_tol(tol)
     problem = bind_problem(formula, variables, axis)
     if isinstance(problem, str):
+        found = gradform.plan(formula, variables, axis, tol, forced_method())
+        if found is not None:
+            p, prof, choice = found
+            _check_dtype(p.dtype, tol)
+            return Planned(p, prof, choice, 0.0, None, "gradient")
         return Planned(None, None, Choice("exact", reason=problem), 0.0, None)
-    if problem.dtype == "float32" and tol < FLOAT32_MIN_TOL:
-        raise ValueError(f"tol={tol:g} is below what float32 results hold (their rounding is "
-                         f"6e-8 of each value): ask tol >= {FLOAT32_MIN_TOL:g}, or pass float64 "
-                         "arrays")
+    _check_dtype(problem.dtype, tol)
     if tol < FLOAT64_MIN_TOL:
         return Planned(None, None, Choice("exact", reason=f"tol={tol:g} is below the "
                                           f"transforms' {FLOAT64_MIN_TOL:g}"), 0.0, None)
@@ -93,6 +96,13 @@ def plan(formula, variables: list, axis: int, tol: float) -> Planned:
         while len(_PLANS) > _PLANS_SIZE:
             _PLANS.popitem(last=False)
     return planned
+
+
+def _check_dtype(dtype: str, tol: float) -> None:
+    if dtype == "float32" and tol < FLOAT32_MIN_TOL:
+        raise ValueError(f"tol={tol:g} is below what float32 results hold (their rounding is "
+                         f"6e-8 of each value): ask tol >= {FLOAT32_MIN_TOL:g}, or pass float64 "
+                         "arrays")
 
 
 def _key(problem, tol):
@@ -174,7 +184,10 @@ def reduce(formula, variables: list, axis: int, opts: dict, backend: str, grad_m
     logger.debug("sum to tol=%g: %s", tol, choice)
     if choice.method == "exact":
         return engine.reduce(formula, variables, "sum", axis, opts, backend, grad_mode)
-    out = execute(planned, backend, grad_mode)
+    if planned.kind == "gradient":
+        out = gradform.execute(planned.problem, choice, backend)
+    else:
+        out = execute(planned, backend, grad_mode)
     p = planned.problem
     if p.library == "torch":
         return out.to(getattr(__import__("torch"), p.dtype))
