@@ -213,6 +213,16 @@ def _finufft():
     return finufft
 
 
+SMALL_TRANSFORM = 2e7  # points × w^D below which one thread is faster than OpenMP's team
+
+
+def _threads(far: FarField, n_points: int) -> dict:
+    """One thread for small transforms (a team's start and barriers cost more than they
+    save, the more so on a loaded machine), finufft's default otherwise."""
+    w = spread_width(far.eps, far.upsampfac)
+    return {"nthreads": 1} if n_points * w ** len(far.coef.modes) < SMALL_TRANSFORM else {}
+
+
 def _scaled(points: np.ndarray, far: FarField) -> list:
     s = 2 * np.pi / far.coef.period
     return [np.ascontiguousarray((points[:, d] - far.center[d]) * s[d]) for d in
@@ -224,14 +234,14 @@ def _type1(far: FarField, y: np.ndarray, w: np.ndarray) -> np.ndarray:
     f = getattr(_finufft(), f"nufft{D}d1")
     c = np.ascontiguousarray(w.T, dtype=np.complex128)
     return f(*_scaled(y, far), c, far.coef.modes, eps=max(far.eps, MIN_EPS), isign=-1,
-             upsampfac=far.upsampfac)
+             upsampfac=far.upsampfac, **_threads(far, len(y) * c.shape[0]))
 
 
 def _type2(far: FarField, x: np.ndarray, modes: np.ndarray) -> np.ndarray:
     D = x.shape[1]
     f = getattr(_finufft(), f"nufft{D}d2")
     return f(*_scaled(x, far), np.ascontiguousarray(modes), eps=max(far.eps, MIN_EPS), isign=1,
-             upsampfac=far.upsampfac)
+             upsampfac=far.upsampfac, **_threads(far, len(x) * modes.shape[0]))
 
 
 def apply(far: FarField, x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
