@@ -22,14 +22,14 @@ from ..core.binding import Variable, is_torch
 from ..core.progress import logger
 from ..engine import plans as engine
 from . import gradform, near, spectral
-from .choose import Choice, choose
+from .choose import SMALL_S, Choice, choose, exact_cost, formula_units
 from .problem import bind_problem
 from .profile import Profile
 from .settings import FLOAT32_MIN_TOL, FLOAT64_MIN_TOL, check_tol, forced_method
 from .split import near_formula, near_variables
 
 _PLANS: OrderedDict = OrderedDict()
-_PLANS_SIZE = 16
+_PLANS_SIZE = 4  # a plan holds float64 copies of the points, cells and coefficients
 _lock = threading.Lock()
 _said: set = set()
 
@@ -80,6 +80,11 @@ def plan(formula, variables: list, axis: int, tol: float) -> Planned:
             return Planned(p, prof, choice, 0.0, None, "gradient")
         return Planned(None, None, Choice("exact", reason=problem), 0.0, None)
     _check_dtype(problem.dtype, tol)
+    small = exact_cost(problem.N, problem.M, problem.E, problem.dtype,
+                       formula_units(problem.formula))
+    if small < SMALL_S and forced_method() is None:  # before any planning
+        return Planned(problem, None, Choice("exact", estimates={"exact": small}, reason=(
+            f"N·M = {problem.N * problem.M:.3g} pairs: brute force is fastest")), 0.0, None)
     if tol < FLOAT64_MIN_TOL:
         return Planned(None, None, Choice("exact", reason=f"tol={tol:g} is below the "
                                           f"transforms' {FLOAT64_MIN_TOL:g}"), 0.0, None)

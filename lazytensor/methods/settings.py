@@ -58,13 +58,18 @@ def forced_method() -> str | None:
 
 def resolve_tol(tol, reduction: str, ranges=None, group=None):
     """The tolerance a reduction runs with: ``tol`` if given (checked; only Sum takes it,
-    and not with ``ranges`` or ``group``), else the one of :func:`options` for a plain Sum,
-    else None (exact)."""
+    and not with ``ranges``, ``group`` or under torch.compile), else the one of
+    :func:`options` for a plain Sum outside torch.compile, else None (exact)."""
+    from ..engine.plans import torch_compiling
+
     if tol is None:
-        if reduction != "sum" or ranges is not None or group is not None:
-            return None
+        if reduction != "sum" or ranges is not None or group is not None or torch_compiling():
+            return None  # (under torch.compile: the traced op, exact)
         return _TOL.get()
     tol = check_tol(tol)
+    if torch_compiling():
+        raise NotImplementedError("tol= is not supported under torch.compile or torch.export "
+                                  "(the traced op is the exact sum)")
     if reduction != "sum":
         raise ValueError(f"tol= applies to Sum reductions only, not {reduction}")
     if ranges is not None or group is not None:
