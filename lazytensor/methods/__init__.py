@@ -35,6 +35,8 @@ True
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 from .settings import (
     FLOAT32_MIN_TOL,
     FLOAT64_MIN_TOL,
@@ -46,7 +48,7 @@ from .settings import (
 )
 
 
-def reducer(tol: float):
+def reducer(tol: float) -> Callable:
     """A function with :func:`lazytensor.engine.plans.reduce`'s signature that evaluates
     a Sum to ``tol`` (:func:`lazytensor.methods.run.reduce`)."""
     from . import run
@@ -57,7 +59,7 @@ def reducer(tol: float):
     return reduce
 
 
-def explain(K, v=None, dim: int = 1, tol: float | None = None):
+def explain(K: Any, v: Any = None, dim: int = 1, tol: float | None = None) -> Any:
     """The method a sum to ``tol`` would use, without running it: ``K.sum(dim)`` (or
     ``K @ v``), as a :class:`lazytensor.methods.choose.Choice` (method, parameters, error
     bound, estimated cost of each candidate, the reason).

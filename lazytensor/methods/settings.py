@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
+from collections.abc import Iterator
+from typing import Any
 
 _TOL = contextvars.ContextVar("lazytensor_tol", default=None)
 _METHOD = contextvars.ContextVar("lazytensor_method", default=None)
@@ -18,7 +20,7 @@ FLOAT32_MIN_TOL = 1e-6  # float32 outputs round at 6e-8 · |s|: a tol below this
 FLOAT64_MIN_TOL = 1e-12  # the transforms resolve about 1e-14; below, the exact sum
 
 
-def check_tol(tol) -> float:
+def check_tol(tol: Any) -> float:
     """``tol`` as a float in (0, 1), or ValueError naming it."""
     if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not math.isfinite(tol) \
             or not 0 < tol < 1:
@@ -27,7 +29,7 @@ def check_tol(tol) -> float:
 
 
 @contextlib.contextmanager
-def options(tol: float | None = None, method: str | None = None):
+def options(tol: float | None = None, method: str | None = None) -> Iterator[None]:
     """Within the block, every Sum reduction (``K @ b``, ``K.sum(dim)``, ``Genred`` sums)
     runs with ``tol`` unless it gives its own; ``tol=None`` restores exact sums.
     ``method`` ("exact", "truncation", "spectral", "split") overrides the cost model for
@@ -56,7 +58,7 @@ def forced_method() -> str | None:
     return _METHOD.get()
 
 
-def resolve_tol(tol, reduction: str, ranges=None, group=None):
+def resolve_tol(tol: Any, reduction: str, ranges: Any = None, group: Any = None) -> float | None:
     """The tolerance a reduction runs with: ``tol`` if given (checked; only Sum takes it,
     and not with ``ranges``, ``group`` or under torch.compile), else the one of
     :func:`options` for a plain Sum outside torch.compile, else None (exact)."""
