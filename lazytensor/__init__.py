@@ -56,11 +56,12 @@ _EXPORTS = {
     "KernelSolve": "api.solve",
     "elementwise": "api.custom",
     "set_default_grad_mode": "core.options",
+    "options": "methods", "explain": "methods",
 }
 
 __all__ = ["ComplexLazyTensor", "LazyTensor", "Pm", "Vi", "Vj", "__version__", "Genred", "KernelSolve",
-           "elementwise", "generic_argkmin", "generic_argmin", "generic_logsumexp",
-           "generic_sum", "set_default_grad_mode"]
+           "elementwise", "explain", "generic_argkmin", "generic_argmin", "generic_logsumexp",
+           "generic_sum", "options", "set_default_grad_mode"]
 
 
 from .lazy_exports import lazy_exports  # noqa: E402

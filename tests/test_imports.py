@@ -37,7 +37,8 @@ LAYERS = (
     ("backends",),  # one folder per backend: cpu, cuda, reference
     ("autodiff",),  # autograd, dual numbers, torch.func rules
     ("engine",),  # plans: prepare once, run per call
-    ("scale", "distributed", "dask"),  # ranges, blocks and merges; process groups, Dask
+    ("scale", "distributed", "dask", "methods"),  # ranges, blocks and merges; process groups,
+    # Dask; sums to a tolerance (truncation, spectral, split: block-sparse and NUFFT)
     ("api",),  # LazyTensor, Genred, solve, user functions
     ("interop",),  # NumPy's and torch's protocols
     ("integrations", "compat"),  # the torch.library op, the pykeops alias

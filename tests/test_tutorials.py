@@ -19,7 +19,7 @@ from tools import tutorials  # noqa: E402
 
 EXPECTED = ["01_getting_started", "02_kernel_regression", "03_knn_digits", "04_kmeans_gmm",
             "05_optimal_transport", "06_gradients", "07_attention_and_ranges", "08_your_own_formulas",
-            "09_gpu"]
+            "09_gpu", "10_fast_sums"]
 
 
 def test_the_tutorials_are_there():

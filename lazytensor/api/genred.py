@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .. import methods
 from ..codegen import ops, parse
 from ..core import half
 from ..core.binding import Variable, copy_into, is_torch
@@ -41,7 +42,8 @@ class Genred:
     effect (the arrays' dtype decides, as in pykeops 2); ``use_fast_math=True`` lets CUDA
     kernels use approximate intrinsics (unlike pykeops, not the default). The call takes
     pykeops's backend names too ("CPU", "GPU", "GPU_1D", ...) and ``device_id`` (NumPy
-    arrays with ``backend="GPU"`` are copied to that GPU and back).
+    arrays with ``backend="GPU"`` are copied to that GPU and back). ``tol`` (Sum only)
+    evaluates it to that tolerance (:mod:`lazytensor.methods`).
 
     >>> import numpy as np
     >>> nn = Genred("SqDist(x, y)", ["x = Vi(2)", "y = Vj(2)"], "ArgKMin", axis=1, opt_arg=3)
@@ -54,7 +56,8 @@ class Genred:
                  formula2: str | None = None, dtype_acc: str = "auto",
                  use_double_acc: bool = False, sum_scheme: str = "auto",
                  enable_chunks: bool = True, rec_multVar_highdim: Any = None,
-                 use_fast_math: bool | None = None, cuda_type: str | None = None):
+                 use_fast_math: bool | None = None, cuda_type: str | None = None,
+                 tol: float | None = None):
         check_axis(axis)
         self.reduction, self.opts = keops_reduction(reduction_op, opt_arg, formula2)
         self.opts.update(gpu_options("auto", None, use_fast_math)[1])
@@ -70,6 +73,7 @@ class Genred:
         self.axis = axis
         self.reduction_op = reduction_op
         self.opts.update(reduction_options(self.reduction, dtype_acc, use_double_acc, sum_scheme))
+        self.tol = tol if tol is None else methods.resolve_tol(tol, self.reduction)
 
     def __repr__(self) -> str:
         args = ", ".join(v.describe() for v in self.variables)
@@ -102,9 +106,11 @@ class Genred:
 
             result = ranges_mod.reduce(self.formula, variables, self.reduction, self.axis,
                                        self.opts, str(backend).lower(), None, ranges)
-        else:
-            result = engine.reduce(self.formula, variables, self.reduction, self.axis, self.opts,
-                                   str(backend).lower())
+        else:  # a Sum to a tolerance: lazytensor.methods
+            tol = methods.resolve_tol(self.tol, self.reduction)
+            reduce = engine.reduce if tol is None else methods.reducer(tol)
+            result = reduce(self.formula, variables, self.reduction, self.axis, self.opts,
+                            str(backend).lower())
         if io_dtype:
             result = half.cast_outputs(result, io_dtype)
         if out is not None:

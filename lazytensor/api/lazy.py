@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .. import methods
 from ..codegen import compositions, ir, ops
 from ..core import half
 from ..core.binding import Variable, array_dtype, bind, copy_into, is_torch
@@ -823,12 +824,13 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
         return dim is not None and not isinstance(dim, bool) and dim in (-1, self.nbatchdims + 2)
 
     def _reduce(self, reduction, dim, axis=None, backend="auto", opts=None, call=True, out=None,
-                grad_mode=None, ranges=None, group=None, **unknown):
+                grad_mode=None, ranges=None, group=None, tol=None, **unknown):
         if unknown:
             raise TypeError(f"{reduction}() got an unexpected keyword argument {next(iter(unknown))!r}")
         axis_ = self._axis(dim, axis, reduction)
         opts = dict(opts or {})
         ranges = self.ranges if ranges is None else ranges
+        tol = methods.resolve_tol(tol, reduction, ranges, group)  # None: exact (lazytensor.methods)
         io_dtype = half.output_dtype(self.variables)
         if call and engine.torch_compiling():  # torch.compile/export: the torch.library op
             if ranges is not None or group is not None:
@@ -850,7 +852,7 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
             def run_reduction(*args):
                 return distributed_api.reduce(*args, sharding=sharding)
         elif ranges is None:
-            run_reduction = engine.reduce
+            run_reduction = engine.reduce if tol is None else methods.reducer(tol)
         else:
             from ..scale import ranges as ranges_mod
 
