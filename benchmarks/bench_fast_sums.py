@@ -18,7 +18,7 @@ formula, tol=None); for Coulomb the relative ℓ2 error on those rows. ``fmm3dpy
 Sections: the Gaussian ``exp(-|x - y|²/h²)``, D = 3, h = 0.05, 0.2, 1.0, tol 1e-3 and 1e-6;
 the Laplacian ``exp(-|x - y|/h)`` (not smooth at 0: the near/far split), D = 3 and D = 2;
 Coulomb ``1/|x - y|`` beside FMM3D; time against N (the crossover with brute force and a
-log-log plot). ``--calibrate`` measures the constants of ``lazytensor/methods/costs.py``.
+log-log plot). ``--calibrate`` measures the constants of ``lazytensor/fastsum/costs.py``.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import numpy as np
 
 import lazytensor
 from lazytensor import Vi, Vj
-from lazytensor.methods import run as methods_run
+from lazytensor.fastsum import run as methods_run
 
 
 def gaussian(h):
@@ -240,8 +240,8 @@ def scaling_section(args, rng, lines):
 
 
 def calibrate():
-    """The constants of lazytensor/methods/costs.py on this machine."""
-    from lazytensor.methods import coefficients, near, spectral
+    """The constants of lazytensor/fastsum/costs.py on this machine."""
+    from lazytensor.fastsum import coefficients, near, spectral
 
     rng = np.random.default_rng(0)
     n = 20000

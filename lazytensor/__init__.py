@@ -56,7 +56,7 @@ _EXPORTS = {
     "KernelSolve": "api.solve",
     "elementwise": "api.custom",
     "set_default_grad_mode": "core.options",
-    "options": "methods", "explain": "methods",
+    "options": "fastsum", "explain": "fastsum",
 }
 
 __all__ = ["ComplexLazyTensor", "LazyTensor", "Pm", "Vi", "Vj", "__version__", "Genred", "KernelSolve",

@@ -1,4 +1,4 @@
-"""Sums to a tolerance (lazytensor.methods): the contract against float64 brute force.
+"""Sums to a tolerance (lazytensor.fastsum): the contract against float64 brute force.
 
 For every output row i and channel e, |s̃_ie − s_ie| ≤ tol · sup|K| · Σ_j |b_je| (relative
 ℓ2 error tol for Coulomb), checked on random rows against the same formula summed exactly
@@ -269,7 +269,7 @@ def test_bad_tolerances_are_refused(rng):
 
 
 def test_without_finufft_truncation_or_exact(rng, monkeypatch, caplog):
-    from lazytensor.methods import run
+    from lazytensor.fastsum import run
 
     monkeypatch.setattr(run, "finufft_available", lambda: False)
     run._PLANS.clear()

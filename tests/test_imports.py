@@ -37,7 +37,7 @@ LAYERS = (
     ("backends",),  # one folder per backend: cpu, cuda, reference
     ("autodiff",),  # autograd, dual numbers, torch.func rules
     ("engine",),  # plans: prepare once, run per call
-    ("scale", "distributed", "dask", "methods"),  # ranges, blocks and merges; process groups,
+    ("scale", "distributed", "dask", "fastsum"),  # ranges, blocks and merges; process groups,
     # Dask; sums to a tolerance (truncation, spectral, split: block-sparse and NUFFT)
     ("api",),  # LazyTensor, Genred, solve, user functions
     ("interop",),  # NumPy's and torch's protocols
@@ -298,3 +298,14 @@ def test_every_folder_has_its_layer_and_few_modules_sit_at_the_top():
     assert sorted(f for f in folders if f not in names) == []
     top = [p.stem for p in root.glob("*.py") if p.stem != "__init__"]
     assert len(top) <= MAX_TOP_MODULES, sorted(top)
+
+
+def test_pyproject_installs_every_package():
+    """A folder missing from pyproject's ``packages`` would be absent from a wheel (the
+    editable install used by the tests finds it anyway)."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+                 ["packages"])
+    found = {name for name, (_, is_pkg) in _modules().items() if is_pkg}
+    assert sorted(found - listed) == [] and sorted(listed - found) == []

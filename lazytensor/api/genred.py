@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .. import methods
+from .. import fastsum
 from ..codegen import ops, parse
 from ..core import half
 from ..core.binding import Variable, copy_into, is_torch
@@ -43,7 +43,7 @@ class Genred:
     kernels use approximate intrinsics (unlike pykeops, not the default). The call takes
     pykeops's backend names too ("CPU", "GPU", "GPU_1D", ...) and ``device_id`` (NumPy
     arrays with ``backend="GPU"`` are copied to that GPU and back). ``tol`` (Sum only)
-    evaluates it to that tolerance (:mod:`lazytensor.methods`).
+    evaluates it to that tolerance (:mod:`lazytensor.fastsum`).
 
     >>> import numpy as np
     >>> nn = Genred("SqDist(x, y)", ["x = Vi(2)", "y = Vj(2)"], "ArgKMin", axis=1, opt_arg=3)
@@ -73,7 +73,7 @@ class Genred:
         self.axis = axis
         self.reduction_op = reduction_op
         self.opts.update(reduction_options(self.reduction, dtype_acc, use_double_acc, sum_scheme))
-        self.tol = tol if tol is None else methods.resolve_tol(tol, self.reduction)
+        self.tol = tol if tol is None else fastsum.resolve_tol(tol, self.reduction)
 
     def __repr__(self) -> str:
         args = ", ".join(v.describe() for v in self.variables)
@@ -106,9 +106,9 @@ class Genred:
 
             result = ranges_mod.reduce(self.formula, variables, self.reduction, self.axis,
                                        self.opts, str(backend).lower(), None, ranges)
-        else:  # a Sum to a tolerance: lazytensor.methods
-            tol = methods.resolve_tol(self.tol, self.reduction)
-            reduce = engine.reduce if tol is None else methods.reducer(tol)
+        else:  # a Sum to a tolerance: lazytensor.fastsum
+            tol = fastsum.resolve_tol(self.tol, self.reduction)
+            reduce = engine.reduce if tol is None else fastsum.reducer(tol)
             result = reduce(self.formula, variables, self.reduction, self.axis, self.opts,
                             str(backend).lower())
         if io_dtype:

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .. import methods
+from .. import fastsum
 from ..codegen import compositions, ir, ops
 from ..core import half
 from ..core.binding import Variable, array_dtype, bind, copy_into, is_torch
@@ -830,7 +830,7 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
         axis_ = self._axis(dim, axis, reduction)
         opts = dict(opts or {})
         ranges = self.ranges if ranges is None else ranges
-        tol = methods.resolve_tol(tol, reduction, ranges, group)  # None: exact (lazytensor.methods)
+        tol = fastsum.resolve_tol(tol, reduction, ranges, group)  # None: exact (lazytensor.fastsum)
         io_dtype = half.output_dtype(self.variables)
         if call and engine.torch_compiling():  # torch.compile/export: the torch.library op
             if ranges is not None or group is not None:
@@ -852,7 +852,7 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
             def run_reduction(*args):
                 return distributed_api.reduce(*args, sharding=sharding)
         elif ranges is None:
-            run_reduction = engine.reduce if tol is None else methods.reducer(tol)
+            run_reduction = engine.reduce if tol is None else fastsum.reducer(tol)
         else:
             from ..scale import ranges as ranges_mod
 

@@ -6,7 +6,7 @@ weight, the sum of three terms:
 
 - periodization: the Gaussian's images (closed form), or for a sampled kernel the box
   window's deviation from 1 on the differences, its images and the kernel's tail beyond
-  the window (:class:`lazytensor.methods.split.Window`);
+  the window (:class:`lazytensor.fastsum.split.Window`);
 - truncation: the weight of the dropped modes, ``Σ_{m dropped} |c_m|`` (with the aliased
   outer shell of a sampled grid);
 - transforms: ``C_NUFFT · 2 · eps · Σ_m |c_m|``: a type-1 NUFFT errs by at most
@@ -19,7 +19,7 @@ The gradient with respect to the targets is the same transform of ``i ω_{m,d} c
 (derivative in Fourier space), bounded the same way with ``|ω_{m,d} c_m|``.
 
 >>> import numpy as np
->>> from lazytensor.methods import coefficients
+>>> from lazytensor.fastsum import coefficients
 >>> rng = np.random.default_rng(0); x, y, w = rng.random((50, 2)), rng.random((60, 2)), rng.random((60, 1))
 >>> c = coefficients.gaussian(1.0, -25.0, np.ones(2), 1e-9, 1e-9)
 >>> far = FarField(c, 1e-10, np.full(2, 0.5), 0.0)
@@ -102,7 +102,7 @@ def _finish(coef, eps, center, periodic: float, periodic_grad: float, grad: bool
 
 class SampledKernel:
     """``φ(t) m(t) W(z)``: a profile (times a mask for a split), windowed, as
-    :func:`lazytensor.methods.coefficients.sampled` samples it."""
+    :func:`lazytensor.fastsum.coefficients.sampled` samples it."""
 
     def __init__(self, profile, mask: Mask | None, window: Window):
         self.profile, self.mask, self.window = profile, mask, window
@@ -128,7 +128,7 @@ def sampled_far(profile, L, center, eta: float, eta_grad=None, mask: Mask | None
                 share: float = 0.8) -> FarField | None:
     """A sampled kernel's far field (``φ m`` for a split, else ``φ``) to ``eta`` per pair:
     window 5%, modes 10%, transforms ``share``; None when its grid would exceed
-    :data:`lazytensor.methods.coefficients.MAX_GRID`."""
+    :data:`lazytensor.fastsum.coefficients.MAX_GRID`."""
     setup = window_for(profile, L, eta, mask)
     if setup is None:
         return None
@@ -274,7 +274,7 @@ def spread_width(eps: float, upsampfac: float) -> int:
 
 def best_upsampling(N, M, E, modes, eps, grad=False) -> tuple:
     """``(seconds, upsampfac)``: the cheaper grid whose points fit
-    :data:`lazytensor.methods.coefficients.MAX_MODES` (1.25 only for eps ≥ 1e-9, where
+    :data:`lazytensor.fastsum.coefficients.MAX_MODES` (1.25 only for eps ≥ 1e-9, where
     its widths suffice); ``(inf, 2.0)`` when neither fits."""
     best = (float("inf"), 2.0)
     for up in UPSAMPLING:

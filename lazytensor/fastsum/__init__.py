@@ -50,7 +50,7 @@ from .settings import (
 
 def reducer(tol: float) -> Callable:
     """A function with :func:`lazytensor.engine.plans.reduce`'s signature that evaluates
-    a Sum to ``tol`` (:func:`lazytensor.methods.run.reduce`)."""
+    a Sum to ``tol`` (:func:`lazytensor.fastsum.run.reduce`)."""
     from . import run
 
     def reduce(formula, variables, reduction, axis, opts, backend="auto", grad_mode=None):
@@ -61,7 +61,7 @@ def reducer(tol: float) -> Callable:
 
 def explain(K: Any, v: Any = None, dim: int = 1, tol: float | None = None) -> Any:
     """The method a sum to ``tol`` would use, without running it: ``K.sum(dim)`` (or
-    ``K @ v``), as a :class:`lazytensor.methods.choose.Choice` (method, parameters, error
+    ``K @ v``), as a :class:`lazytensor.fastsum.choose.Choice` (method, parameters, error
     bound, estimated cost of each candidate, the reason).
 
     >>> import numpy as np, lazytensor

@@ -6,7 +6,7 @@ and component d: ``|error| ≤ tol · sup_z |z_d ψ(|z|²)| · Σ_e |u_ie| Σ_j 
 gradients' bound). Methods: brute force; truncation (the formula itself on the pairs of
 grid cells closer than the radius beyond which ``r |ψ(r²)|`` is below the budget); for a
 Gaussian ``ψ = A e^{αt}``, the spectral transform of ``∇φ`` with ``φ = A e^{αt} / 2α``
-(:func:`lazytensor.methods.spectral.apply_gradient`). Other kernels: brute force or
+(:func:`lazytensor.fastsum.spectral.apply_gradient`). Other kernels: brute force or
 truncation.
 
 >>> import numpy as np

@@ -1,7 +1,7 @@
 """The spectral sum as a ``torch.autograd.Function``: values and first gradients.
 
 ``SpectralSum.apply(far, x, y, w)`` is ``s = Σ_j g̃(x_i − y_j) w_j`` for a
-:class:`lazytensor.methods.spectral.FarField`. Its backward, for the output gradient g:
+:class:`lazytensor.fastsum.spectral.FarField`. Its backward, for the output gradient g:
 
 - weights: ``∂/∂w_j = Σ_i g̃(y_j − x_i) g_i``, the same transform with the roles of x and y
   exchanged (the kernel is even, the period and box are shared);

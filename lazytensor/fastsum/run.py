@@ -63,7 +63,7 @@ class Planned:
     def __init__(self, problem, profile, choice: Choice, eta, eta_grad, kind: str = "sum"):
         self.problem, self.profile, self.choice = problem, profile, choice
         self.eta, self.eta_grad = eta, eta_grad
-        self.kind = kind  # "sum", or "gradient" (lazytensor.methods.gradform)
+        self.kind = kind  # "sum", or "gradient" (lazytensor.fastsum.gradform)
         self.cells = None
         self.far = None
 
