@@ -339,29 +339,45 @@ def _faults(rank, world, report):
     report.append(["timeout honoured", waited < 2.5, f"waited {waited:.1f} s"])
 
 
-def _dying(rank, world, report):
+def _dying(rank, world, report, when):
+    """Rank 1 dies in its kernel (after it started its ring transfers), or before the
+    ring ("before the ring": rank 0 then starts its sends to a rank that is gone, which
+    fails at once, not in the wait)."""
     import lazytensor.distributed as ltd
     from lazytensor import Vi, Vj
+    from lazytensor.distributed import protocol
     from lazytensor.scale import blocks
 
     x, y = np.random.rand(10, 3), np.random.rand(12, 3)
-    if rank == 1:
+    if when == "in its kernel" and rank == 1:
         blocks.block_state = lambda *a, **k: os._exit(3)
+    if when == "before the ring":  # the ring broadcasts the parameters before its sends
+        real = protocol.broadcast_tensors
+
+        def broadcast(*args):
+            if rank == 1:
+                os._exit(3)
+            time.sleep(1.5)  # rank 1 is gone, its connections closed
+            return real(*args)
+
+        protocol.broadcast_tensors = broadcast
     start = time.monotonic()
     try:
         Vi(x).sqdist(Vj(y)).sum(dim=1, group=ltd.Sharding(mode="ring", timeout=8))
         report.append(["peer died", False, "no error"])
     except ltd.DistributedReductionError as e:
         report.append(["peer died", "rank 0" in str(e), str(e)])
-    report.append(["no hang past the timeout", time.monotonic() - start < 9.0,
+    limit = 9.0 + (1.5 if when == "before the ring" else 0.0)  # the timeout, and the sleep
+    report.append(["no hang past the timeout", time.monotonic() - start < limit,
                    f"{time.monotonic() - start:.1f} s"])
 
 
-def test_a_rank_that_dies_makes_the_others_raise_within_the_timeout():
-    reports = launch(_dying, 2, wait_s=60)
+@pytest.mark.parametrize("when", ["in its kernel", "before the ring"])
+def test_a_rank_that_dies_makes_the_others_raise_within_the_timeout(when):
+    reports = launch(_dying, 2, when, wait_s=60)
     assert reports[1]["exitcode"] == 3
-    bad = [c for c in reports[0]["checks"] if not c[1]]
-    assert reports[0]["checks"] and not bad, reports[0]
+    bad = [f"{name}: {detail}" for name, ok, detail in reports[0]["checks"] if not ok]
+    assert reports[0]["checks"] and not bad, "\n".join(bad) or reports[0]
 
 
 # ------------------------------------------------------------------- the end of a rank

@@ -1,8 +1,8 @@
 """The process group's side of a distributed reduction: transfers, agreement, errors.
 
 Every exchange waits at most the sharding's timeout (by default the group's own), and a
-failed or timed-out transfer raises :class:`DistributedReductionError` naming the rank,
-the reduction and the step. Before any kernel runs, :func:`handshake` gathers from every
+transfer that fails to start or to finish, or times out, raises
+:class:`DistributedReductionError` naming the rank, the reduction and the step. Before any kernel runs, :func:`handshake` gathers from every
 rank its status, a hash of its prepared call and its sizes: a rank that failed to
 prepare, or a call that differs, makes every rank raise. After the kernels,
 :func:`agree` does the same for failures during the reduction, so that no rank returns
@@ -11,6 +11,7 @@ a result that another could not compute.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 
 import torch
@@ -43,44 +44,64 @@ class Comm:
         k %= self.size
         return k if self.group is None else dist.get_global_rank(self.group, k)
 
-    def exchange(self, sends: list, recvs: list) -> list:
-        """Start ``sends`` and ``recvs`` (lists of ``(tensor, group rank, tag)``)."""
-        ops = [dist.P2POp(dist.isend, t, self.global_rank(k), self.group, tag)
-               for t, k, tag in sends]
-        ops += [dist.P2POp(dist.irecv, t, self.global_rank(k), self.group, tag)
-                for t, k, tag in recvs]
-        return list(dist.batch_isend_irecv(ops)) if ops else []
-
-    def wait(self, works: list, what: str) -> None:
-        """Wait for ``works``; a failure or timeout raises, saying ``what`` waited."""
+    @contextlib.contextmanager
+    def reported(self, what: str):
+        """A transfer that fails (to start or to finish: a peer that died closes its
+        connections, and starting a send to it fails at once) or times out raises
+        :class:`DistributedReductionError`, saying ``what`` failed."""
         try:
-            for w in works:
-                if self.timeout is None:
-                    w.wait()
-                else:
-                    w.wait(self.timeout)
+            yield
+        except DistributedReductionError:
+            raise
         except RuntimeError as e:
             raise DistributedReductionError(
                 f"rank {self.rank}: {what} failed: a rank of the group failed, died or did not "
                 f"reach this step within the timeout ({_first_line(e)})") from e
 
+    def exchange(self, sends: list, recvs: list, what: str) -> list:
+        """Start ``sends`` and ``recvs`` (lists of ``(tensor, group rank, tag)``)."""
+        ops = [dist.P2POp(dist.isend, t, self.global_rank(k), self.group, tag)
+               for t, k, tag in sends]
+        ops += [dist.P2POp(dist.irecv, t, self.global_rank(k), self.group, tag)
+                for t, k, tag in recvs]
+        if not ops:
+            return []
+        with self.reported(what):
+            return list(dist.batch_isend_irecv(ops))
+
+    def wait(self, works: list, what: str) -> None:
+        """Wait for ``works``; a failure or timeout raises, saying ``what`` waited."""
+        with self.reported(what):
+            for w in works:
+                if self.timeout is None:
+                    w.wait()
+                else:
+                    w.wait(self.timeout)
+
+    def _collective(self, start, what: str) -> None:
+        with self.reported(what):
+            work = start()
+        self.wait([work], what)
+
     def all_gather(self, t: torch.Tensor, what: str) -> torch.Tensor:
         """``(size, *t.shape)``: every rank's ``t``."""
         out = [torch.empty_like(t) for _ in range(self.size)]
-        self.wait([dist.all_gather(out, t, group=self.group, async_op=True)], what)
+        self._collective(lambda: dist.all_gather(out, t, group=self.group, async_op=True), what)
         return torch.stack(out)
 
     def all_reduce_(self, t: torch.Tensor, what: str) -> torch.Tensor:
-        self.wait([dist.all_reduce(t, group=self.group, async_op=True)], what)
+        self._collective(lambda: dist.all_reduce(t, group=self.group, async_op=True), what)
         return t
 
     def broadcast_(self, t: torch.Tensor, what: str) -> torch.Tensor:
-        self.wait([dist.broadcast(t, self.global_rank(0), group=self.group, async_op=True)], what)
+        self._collective(lambda: dist.broadcast(t, self.global_rank(0), group=self.group,
+                                                async_op=True), what)
         return t
 
-    def gather_objects(self, obj) -> list:
+    def gather_objects(self, obj, what: str) -> list:
         out = [None] * self.size
-        dist.all_gather_object(out, obj, group=self.group)
+        with self.reported(what):
+            dist.all_gather_object(out, obj, group=self.group)
         return out
 
 
@@ -97,7 +118,7 @@ def _raise_failures(comm: Comm, status: torch.Tensor, failure, what: str, when: 
     failed = [k for k in range(comm.size) if int(status[k]) != 0]
     if not failed:
         return
-    texts = comm.gather_objects(_describe_failure(failure))
+    texts = comm.gather_objects(_describe_failure(failure), f"{what}: the failures' messages")
     detail = "; ".join(f"rank {k}: {texts[k]}" for k in failed)
     raise DistributedReductionError(
         f"rank {comm.rank}: {what}: rank{'s' if len(failed) > 1 else ''} "
@@ -124,7 +145,7 @@ def handshake(comm: Comm, description: str, counts: list, failure, what: str) ->
     _raise_failures(comm, table[:, 0], failure, what, "before the reduction started")
     hashes = [tuple(row[1:5].tolist()) for row in table]
     if len(set(hashes)) > 1:
-        texts = comm.gather_objects(description)
+        texts = comm.gather_objects(description, f"{what}: the calls' descriptions")
         groups: dict = {}
         for k, h in enumerate(hashes):
             groups.setdefault(h, []).append(k)

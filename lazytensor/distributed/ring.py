@@ -53,9 +53,11 @@ def _forward(plan, out_vals, red_vals, par_vals):
     for t in range(R):
         owner = (r - t) % R
         works = []
+        step = (f"{plan.what}: ring step {t + 2} of {R} (the block of rank {(owner - 1) % R} "
+                f"from rank {(r - 1) % R})")
         if t < R - 1:
             nxt = torch.empty(sizes[(owner - 1) % R] * sum(dims), dtype=dtype, device=comm.device)
-            works = comm.exchange([(cur, r + 1, 2 * t)], [(nxt, r - 1, 2 * t)])
+            works = comm.exchange([(cur, r + 1, 2 * t)], [(nxt, r - 1, 2 * t)], step)
             nbytes += cur.numel() * cur.element_size()
         start = time.perf_counter()
         if failure is None:
@@ -69,8 +71,7 @@ def _forward(plan, out_vals, red_vals, par_vals):
             except Exception as e:  # the ring goes on; every rank raises in agree()
                 failure = e
         waited = time.perf_counter()
-        comm.wait(works, f"{plan.what}: ring step {t + 2} of {R} (the block of rank "
-                         f"{(owner - 1) % R} from rank {(r - 1) % R})")
+        comm.wait(works, step)
         compute_s += waited - start
         wait_s += time.perf_counter() - waited
         if works:
@@ -99,6 +100,7 @@ def _backward(plan, out_vals, red_vals, pars, states, grads, needs):
     par_g = [torch.zeros_like(p) if n else None for p, n in zip(pars, need_par)]
     cur = _pack(red_vals, dtype, comm.device)
     acc_sends: list = []
+    back = f"{plan.what} (backward): the return of the gradients to their ranks"
     compute_s = wait_s = 0.0
     nbytes = 0
     for t in range(R):
@@ -112,7 +114,8 @@ def _backward(plan, out_vals, red_vals, pars, states, grads, needs):
         if t > 0 and gdims:  # the gradient of this block's rows so far, from rank r-1
             acc_in = torch.empty(sizes[owner] * sum(gdims), dtype=dtype, device=comm.device)
             recvs.append((acc_in, r - 1, 2 * t - 1))
-        works = comm.exchange(sends, recvs)
+        step = f"{plan.what} (backward): ring step {t + 1} of {R}"
+        works = comm.exchange(sends, recvs, step)
         start = time.perf_counter()
         contribution = torch.zeros(sizes[owner] * sum(gdims), dtype=dtype, device=comm.device)
         if failure is None and sizes[owner] > 0 and _flows(cots[owner]):
@@ -129,7 +132,7 @@ def _backward(plan, out_vals, red_vals, pars, states, grads, needs):
             except Exception as e:
                 failure = e
         waited = time.perf_counter()
-        comm.wait(works, f"{plan.what} (backward): ring step {t + 1} of {R}")
+        comm.wait(works, step)
         compute_s += waited - start
         wait_s += time.perf_counter() - waited
         if gdims:
@@ -137,14 +140,14 @@ def _backward(plan, out_vals, red_vals, pars, states, grads, needs):
             if R == 1:
                 final = acc
             else:
-                acc_sends += comm.exchange([(acc, r + 1, 2 * t + 1)], [])
+                acc_sends += comm.exchange([(acc, r + 1, 2 * t + 1)], [], back)
                 nbytes += acc.numel() * acc.element_size()
         if t < R - 1:
             cur = nxt
     if gdims and R > 1:
         final = torch.empty(sizes[r] * sum(gdims), dtype=dtype, device=comm.device)
-        acc_sends += comm.exchange([], [(final, r - 1, 2 * R - 1)])
-    comm.wait(acc_sends, f"{plan.what} (backward): the return of the gradients to their ranks")
+        acc_sends += comm.exchange([], [(final, r - 1, 2 * R - 1)], back)
+    comm.wait(acc_sends, back)
     protocol.agree(comm, failure, plan.what + " (backward)")
     red_g = [None] * len(red_vals)
     if gdims:
