@@ -42,6 +42,58 @@ class _SourceTreeFinder:
                                                       submodule_search_locations=[folder])
 
 
+# Modules that moved when lazytensor/ became layered subpackages: their old paths still
+# import (``import lazytensor.ranges``, ``from lazytensor.doctor import run_checks``) and
+# give the module at its new place, the same object.
+MOVED_MODULES = {
+    "autograd": "autodiff.autograd", "binding": "core.binding", "blocks": "scale.blocks",
+    "cluster": "scale.cluster", "complex_methods": "api.complex_methods", "custom": "api.custom",
+    "dispatch": "core.call", "doctor": "cli.doctor", "dual": "autodiff.dual",
+    "genred": "api.genred", "half": "core.half", "interop_rules": "interop.rules",
+    "interop_table": "interop.table", "interrupt": "core.interrupt",
+    "keops_methods": "api.keops_methods", "kernels": "core.kernels", "lazy": "api.lazy",
+    "materialize": "api.materialize", "merge": "scale.merge", "method_docs": "api.method_docs",
+    "progress": "core.progress", "ranges": "scale.ranges",
+    "reference": "backends.reference.dense", "runtime": "backends.cpu.runtime",
+    "softmax": "interop.softmax", "solve": "api.solve", "torch_library": "integrations.torch_library",
+    "transforms": "autodiff.transforms", "twosided": "backends.cpu.backward",
+    "typehints": "api.typehints", "distributed.gather": "distributed.allgather",
+}
+
+
+class _MovedModuleFinder:
+    """Imports a module by its old path (:data:`MOVED_MODULES`): the module at its new path.
+
+    The loader puts the new module into ``sys.modules`` under the old name; the import
+    system returns what ``sys.modules`` holds once the loader is done.
+    """
+
+    def find_spec(self, fullname, path=None, target=None):
+        package, _, rest = fullname.partition(".")
+        new = MOVED_MODULES.get(rest) if package == __name__ else None
+        if new is None:
+            return None
+        import importlib.util
+
+        return importlib.util.spec_from_loader(fullname, _MovedModuleLoader(f"{__name__}.{new}"))
+
+
+class _MovedModuleLoader:
+    def __init__(self, target: str):
+        self.target = target
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        import importlib
+
+        sys.modules[module.__name__] = importlib.import_module(self.target)
+
+
+if not any(type(f).__name__ == "_MovedModuleFinder" for f in sys.meta_path):
+    sys.meta_path.append(_MovedModuleFinder())
+
 _root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if not os.path.isdir(os.path.join(_root, "lazytensor", "codegen")) and not any(
         type(f).__name__ == "_SourceTreeFinder" for f in sys.meta_path):

@@ -128,3 +128,13 @@ def as_dicts(checks: list) -> list:
 
 
 __all__ = ["STATUSES", "Check", "as_dicts", "check_cache", "report", "run_checks", "summary"]
+
+
+def __getattr__(name: str):
+    """A backend's check by its name (``doctor.check_nvcc()``, ``doctor.check_compiler()``),
+    as when this module held them all."""
+    if name.startswith("check_"):
+        for _, module in _doctors():
+            if hasattr(module, name):
+                return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

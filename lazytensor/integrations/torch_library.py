@@ -50,6 +50,7 @@ same reductions (running the module once, or tracing it again).
 from __future__ import annotations
 
 import hashlib
+import sys
 
 import torch
 
@@ -228,8 +229,12 @@ def _interner_fx_repr(interner: ir.Interner) -> tuple:
 
 
 _register_formula_types()
-# torch functions on LazyTensors (K @ t) resolved by dict lookups that dynamo reads as they are
-interop._table("torch"), interop._tensor_matmuls()
+# torch functions on LazyTensors (K @ t) resolved by dict lookups that dynamo reads as they are;
+# not while the interop rules are themselves being imported (they import LazyTensor, whose
+# module loads this one): the table is then built when the rules are done, on first use
+_rules = sys.modules.get("lazytensor.interop.rules")
+if not getattr(getattr(_rules, "__spec__", None), "_initializing", False):
+    interop._table("torch"), interop._tensor_matmuls()
 
 # dynamo calls these at trace time and keeps their results as constants, rather than
 # tracing the binding of the inputs; this is the attribute that

@@ -4,3 +4,9 @@
 - :mod:`.table`: which NumPy/SciPy/torch function runs which rule;
 - :mod:`.rules`: the rules; :mod:`.softmax`: the lazy softmax they return.
 """
+
+from ..lazy_exports import lazy_exports
+
+# the names ``lazytensor.interop`` exported when it was one module, loaded on first use
+__all__ = ["array_function", "array_ufunc", "mapped_functions", "resolve", "torch_function"]
+__getattr__, __dir__ = lazy_exports(globals(), dict.fromkeys(__all__, "protocols"))
