@@ -164,6 +164,7 @@ def define(
     method: Optional[str] = None,
     example: str = "",
     interop: tuple = (),
+    user: bool = False,
 ) -> OpDef:
     """Register an elementwise op.
 
@@ -173,7 +174,8 @@ def define(
     ``derivs(a0, ..., *params)`` its partial derivatives as IR (default: sympy's);
     ``keops`` its names in formula strings, ``method`` its ``LazyTensor`` method, ``doc``
     and ``example`` that method's docstring, ``interop`` the NumPy/SciPy/torch functions
-    that build it (see :class:`~lazytensor.codegen.ops.OpDef`).
+    that build it, ``user`` whether a user defined it at run time (see
+    :class:`~lazytensor.codegen.ops.OpDef`).
     """
     if not differentiable:
         derivs = lambda *a: [None] * arity  # noqa: E731
@@ -192,7 +194,7 @@ def define(
         vjp=_vjp_from_partials, jvp=_jvp_from_partials, sympy_func=sympy_func,
         differentiable=differentiable, doc=doc, keops=tuple(keops), method=method,
         elementwise=True, sym=sym, c=c, partials=derivs, example=example,
-        interop=tuple(interop),
+        interop=tuple(interop), user=user,
     ))
     ELEMENTWISE[name] = opdef
     return opdef

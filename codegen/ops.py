@@ -68,6 +68,7 @@ class OpDef:
     partials: Optional[Callable] = None
     example: str = ""
     interop: tuple = ()
+    user: bool = False  # defined at run time (``lazytensor.elementwise``), not a built-in op
 
 
 REGISTRY: dict[str, OpDef] = {}

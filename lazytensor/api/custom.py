@@ -187,7 +187,7 @@ def elementwise(name: str, fn: Callable, arity: int | None = None) -> UserFuncti
         params = (hashlib.sha256(sympy.srepr(expr).encode()).hexdigest()[:16],)
         ew.define(name, arity, sym=_substitute(expr, syms),
                   derivs=None if reason is None else _no_derivative(name, reason),
-                  doc=f"user-defined: {expr}")
+                  doc=f"user-defined: {expr}", user=True)
         function = UserFunction(name, arity, params, expr)
         _DEFINED[name] = function
         parse.register_function(name, arity, lambda *a: ops.apply(name, *a, params=params))
