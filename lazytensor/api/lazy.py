@@ -23,12 +23,12 @@ from .. import fastsum
 from ..codegen import compositions, ir, ops
 from ..core import half
 from ..core.binding import Variable, array_dtype, bind, copy_into, is_torch
-from ..core.options import split_reduction_keywords
+from ..core.options import integer_option, split_reduction_keywords
 from ..distributed import context as distributed_context
 from ..engine import plans as engine
 from ..errors import ArgumentTypeError
 from ..scale.cluster import swap_axes
-from . import complex_methods, materialize
+from . import complex_methods, materialize, symbolic
 from . import solve as linear_solve
 from .complex_methods import ComplexMethods, RealToComplexMethods, is_complex_operand
 from .keops_methods import KeOpsMethods
@@ -150,7 +150,10 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
                 self.variables = [Variable(float(x), "p", 1, label)]
             return
         if isinstance(x, tuple) and len(x) == 3 and all(_is_int(v) for v in x):
-            _symbolic(f"LazyTensor({x})", x[1], {0: "Vi", 1: "Vj"}.get(x[2], "Pm"))  # (ind, dim, cat)
+            # (index, dim, cat): a symbolic variable, bound at call time (lazytensor.api.symbolic)
+            v = symbolic.leaf(*x, call=f"LazyTensor({x})")
+            self.formula, self.variables = ir.var(0, v.dim, v.cat), [v]
+            return
         data, cat = _canonical(_as_array(x), axis)
         dim = int(data.shape[-1])
         if dim < 1:
@@ -254,8 +257,17 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
                 return half.dtype_object(v.data, v.io_dtype) if v.io_dtype else v.data.dtype
         return None
 
-    def __repr__(self) -> str:
-        return f"LazyTensor({ir.to_text(self.formula)}, {len(self.variables)} variables)"
+    def __str__(self) -> str:
+        """As pykeops: "KeOps LazyTensor", the formula in pykeops's notation, the shape.
+
+        >>> print(Vi(np.zeros((4, 3))).sqdist(Vj(np.zeros((2, 3)))))
+        KeOps LazyTensor
+            formula: Sum(Square((Var(0,3,0) - Var(1,3,1))))
+            shape: (4, 2)
+        """
+        return symbolic.describe(self)
+
+    __repr__ = __str__
 
     # ------------------------------------------------------------------ NumPy and torch
     # np.exp(K), np.sum(K, axis=1), torch.logsumexp(K, dim=1), t + K ... (lazytensor.interop.protocols).
@@ -805,9 +817,7 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
         if dim is None:
             raise ValueError(f"{name}: say which index to reduce, dim=0 (i) or dim=1 (j)")
         nb = self.nbatchdims
-        if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
-            raise ValueError(f"{name}: dim must be an integer, got {dim!r}")
-        dim = int(dim)
+        dim = integer_option(dim, "dim", name)
         if dim < 0:
             dim += nb + 3
         if dim == nb:
@@ -832,6 +842,7 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
         ranges = self.ranges if ranges is None else ranges
         tol = fastsum.resolve_tol(tol, reduction, ranges, group)  # None: exact (lazytensor.fastsum)
         io_dtype = half.output_dtype(self.variables)
+        call = call and not symbolic.has_slots(self.variables)  # symbolic: a function of arrays
         if call and engine.torch_compiling():  # torch.compile/export: the torch.library op
             if ranges is not None or group is not None:
                 raise NotImplementedError(f"{reduction}: block-sparse ranges and distributed "
@@ -859,16 +870,8 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
             def run_reduction(*args):
                 return ranges_mod.reduce(*args, ranges)
         if not call:
-            def run(*arrays, backend=backend):
-                if arrays:
-                    rebound = [Variable(a, v.cat, v.dim, v.label)
-                               for a, v in zip(arrays, self.variables)]
-                    return run_reduction(self.formula, rebound, reduction, axis_, opts, backend,
-                                         grad_mode)
-                return run_reduction(self.formula, self.variables, reduction, axis_, opts, backend,
-                                     grad_mode)
-
-            return run
+            return symbolic.DeferredReduction(self, reduction, axis_, opts, backend, grad_mode,
+                                              run_reduction)
         result = run_reduction(self.formula, self.variables, reduction, axis_, opts, backend,
                                grad_mode)
         if io_dtype:
@@ -1286,15 +1289,6 @@ def _describe_operand(lt: LazyTensor) -> str:
     return f"{text} ({', '.join(arrays)})" if arrays else text
 
 
-def _symbolic(call: str, dim, helper: str):
-    """pykeops's symbolic variables ``Vi(index, dim)`` (bound when a ``call=False`` reduction
-    is called) are not supported: say so rather than build a constant."""
-    raise NotImplementedError(
-        f"{call}: symbolic variables (an index and a dimension, bound at call time) are not "
-        f"supported; wrap the array itself ({helper}(x)), or use Genred with aliases such as "
-        f"'x = {helper}({dim})'")
-
-
 def _is_int(v) -> bool:
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
@@ -1307,8 +1301,8 @@ def Vi(x: Array | Sequence[Sequence[float]], label: str = "") -> LazyTensor:
     >>> x.shape, x.ndim
     ((3, 1, 2), 2)
     """
-    if _is_int(x) and _is_int(label):
-        _symbolic(f"Vi({x}, {label})", label, "Vi")
+    if _is_int(x) and _is_int(label):  # Vi(index, dim): symbolic (lazytensor.api.symbolic)
+        return LazyTensor((x, label, 0))
     return LazyTensor(x, axis=0, label=label)
 
 
@@ -1320,8 +1314,8 @@ def Vj(x: Array | Sequence[Sequence[float]], label: str = "") -> LazyTensor:
     >>> y.shape, (Vi(np.zeros((3, 1))) - y).shape
     ((1, 2), (3, 2))
     """
-    if _is_int(x) and _is_int(label):
-        _symbolic(f"Vj({x}, {label})", label, "Vj")
+    if _is_int(x) and _is_int(label):  # Vj(index, dim): symbolic (lazytensor.api.symbolic)
+        return LazyTensor((x, label, 1))
     return LazyTensor(x, axis=1, label=label)
 
 
@@ -1334,8 +1328,8 @@ def Pm(x: Array | Sequence[float] | float, label: str = "") -> LazyTensor:
     >>> (x.sqnorm2() * Pm(0.5)).dense().tolist()
     [[2.5], [12.5]]
     """
-    if _is_int(x) and _is_int(label):
-        _symbolic(f"Pm({x}, {label})", label, "Pm")
+    if _is_int(x) and _is_int(label):  # Pm(index, dim): symbolic (lazytensor.api.symbolic)
+        return LazyTensor((x, label, 2))
     if isinstance(x, numbers.Number):
         return LazyTensor(float(x), label=label)
     x = _as_array(x)
