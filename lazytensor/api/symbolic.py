@@ -63,7 +63,7 @@ def has_slots(variables) -> bool:
     return any(v.is_scalar and isinstance(v.data, Slot) for v in variables)
 
 
-def _slots(variables) -> dict[int, Variable]:
+def slots(variables) -> dict[int, Variable]:
     """index -> the symbolic variable of that index; one category and dimension per
     index, and indices 0 .. n-1 (they are the call's arguments)."""
     out: dict[int, Variable] = {}
@@ -80,6 +80,15 @@ def _slots(variables) -> dict[int, Variable]:
         raise ValueError(f"symbolic variables have indices {sorted(out)}: the call takes one "
                          f"array per index 0 .. n-1, index {missing[0]} is missing")
     return out
+
+
+def bind_slots(variables, args) -> list:
+    """``variables`` with each symbolic one bound to ``args[its index]`` (checked as a
+    Genred argument: shape, dimension), the others as they are."""
+    table = slots(variables)
+    bound = {k: bind_one(parse.VarDecl(None, k, v.cat, v.dim), args[k], k)
+             for k, v in table.items()}
+    return [bound[v.data.index] if isinstance(v.data, Slot) else v for v in variables]
 
 
 def keops_indices(variables) -> list[int]:
@@ -150,7 +159,7 @@ class DeferredReduction:
         self.lazytensor, self.reduction, self.axis = lt, reduction, axis
         self.opts, self.backend, self.grad_mode = dict(opts), backend, grad_mode
         self._run = run_reduction
-        self._slots = _slots(lt.variables)
+        self._slots = slots(lt.variables)
         self.reduction_op = reductions.get(reduction).keops_name or reduction
         self._callfun = None
 
@@ -188,9 +197,7 @@ class DeferredReduction:
             wanted = ", ".join(v.label for _, v in sorted(self._slots.items()))
             raise TypeError(f"this reduction takes the arrays of its symbolic variables, in "
                             f"index order ({wanted}): expected {len(self._slots)}, got {len(args)}")
-        bound = {k: bind_one(parse.VarDecl(None, k, v.cat, v.dim), args[k], k)
-                 for k, v in self._slots.items()}
-        return [bound[v.data.index] if isinstance(v.data, Slot) else v for v in variables]
+        return bind_slots(variables, args)
 
     def __call__(self, *args: Any, backend: str | None = None, device_id: int | None = None,
                  out: Any = None):
