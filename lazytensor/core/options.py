@@ -37,6 +37,7 @@ IGNORED_OPTIONS = ("enable_chunks", "use_fast_math", "optional_flags", "device_i
                    "rec_multVar_highdim")
 
 ACCURACY_OPTIONS = ("dtype_acc", "use_double_acc", "sum_scheme")
+ACCUMULATORS = ("auto", "float16", "float32", "float64")  # dtype_acc, as pykeops spells it
 SUM_SCHEMES = ("auto", "direct_sum", "block_sum", "kahan_scheme")
 
 
@@ -126,8 +127,9 @@ def reduction_options(reduction: str, dtype_acc="auto", use_double_acc=False,
     if dtype_acc == "auto" and sum_scheme == "auto" and not use_double_acc:
         return {}  # nothing asked (the usual call): nothing to check
     opts = {}
-    if dtype_acc not in ("auto", "float32", "float64"):
-        raise ValueError(f"dtype_acc must be 'auto', 'float32' or 'float64', got {dtype_acc!r}")
+    if dtype_acc not in ACCUMULATORS:
+        raise ValueError(f"dtype_acc must be 'auto', 'float16', 'float32' or 'float64' (as "
+                         f"pykeops), got {dtype_acc!r}")
     if use_double_acc:
         if dtype_acc != "auto":
             raise ValueError(f"set either use_double_acc=True or dtype_acc={dtype_acc!r}, not both")
@@ -148,6 +150,35 @@ def reduction_options(reduction: str, dtype_acc="auto", use_double_acc=False,
         opts["dtype_acc"] = dtype_acc
     if sum_scheme in red.sum_schemes:
         opts["sum_scheme"] = sum_scheme
+    return opts
+
+
+# the accumulators pykeops allows for each data dtype ("auto": the data's own)
+_ACC_FOR_DATA = {"float16": ("float16", "float32"), "float32": ("float32", "float64"),
+                 "float64": ("float64",)}
+
+
+def accumulator_for_data(opts: dict, dtype: str, io_dtype: str = "") -> dict:
+    """``opts`` with ``dtype_acc`` checked against the data, as pykeops: float16 data
+    accumulates in float16 or float32, float32 data in float32 or float64, float64 data in
+    float64. Half data computes in float32 here (:mod:`lazytensor.core.half`), so its
+    ``"float16"`` accumulator is a float32 one: at least as accurate as pykeops's half2.
+    (bfloat16, which pykeops does not take, is allowed what float16 is.)
+
+    >>> accumulator_for_data({"dtype_acc": "float16"}, "float32", "float16")
+    {'dtype_acc': 'float32'}
+    """
+    acc = opts.get("dtype_acc")
+    if acc is None:
+        return opts
+    data = "float16" if io_dtype in ("float16", "bfloat16") else dtype
+    allowed = _ACC_FOR_DATA.get(data, ())
+    if acc not in allowed:
+        rules = "; ".join(f"{d} data: {' or '.join(a)}" for d, a in _ACC_FOR_DATA.items())
+        raise ValueError(f"dtype_acc={acc!r} does not apply to {io_dtype or dtype} data (as in "
+                         f"pykeops, the accumulator is the data's dtype or wider: {rules})")
+    if acc == "float16":
+        return {**opts, "dtype_acc": "float32"}
     return opts
 
 
