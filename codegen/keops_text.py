@@ -2,7 +2,7 @@
 
 pykeops prints a LazyTensor's formula as the string it builds: variables as
 ``Var(index,dim,cat)`` (cat 0 for i, 1 for j, 2 for a parameter), ``+ - * /`` as
-parenthesized infix operators, negation as ``Minus``, every other op as the name it has in
+parenthesized infix operators, negation as ``Minus``, ``a * a`` as ``Square(a)``, every other op as the name it has in
 formula strings (the op records' ``keops`` names). Ops that take static arguments print
 them after the formulas (``Extract(f, 1, 2)``, ``Pow(f, 3)``). The text is our IR's, in
 pykeops's words: a composition that pykeops keeps as one op (``SqDist``) prints as what
@@ -76,6 +76,8 @@ def to_keops(root: ir.Node, index: Callable[[int], int] | None = None, limit: in
             out = f"Var({k},{node.dim},{CAT_CODES[node.cat]})"
         elif node.op == "const":
             out = _const(node)
+        elif node.op == "mul" and len(args) == 2 and node.args[0] is node.args[1]:
+            out = f"Square({args[0]})"  # a * a, as pykeops writes x ** 2
         elif node.op in _INFIX and len(args) == 2:
             out = f"({args[0]} {_INFIX[node.op]} {args[1]})"
         elif node.op == "neg":

@@ -126,7 +126,11 @@ def describe(lt, deferred: DeferredReduction | None = None) -> str:
     if slots:
         lines.append("    symbolic variables: " + ", ".join(
             f"Var({v.data.index}, {v.dim}, {CAT_CODES[v.cat]})" for v in slots))
-    lines.append(f"    shape: {lt.shape}")
+    shape = lt.shape
+    if formula2 is not None:  # the shape of the formula, without its weight
+        shape = (shape[:-1] if lt.formula.dim > 1 else shape) + (
+            (formula.dim,) if formula.dim > 1 else ())
+    lines.append(f"    shape: {shape}")
     if deferred is not None:
         lines.append(f"    reduction: {deferred.reduction_op} (axis={deferred.axis})")
         if formula2 is not None:
