@@ -114,7 +114,8 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
 
     ``x`` of shape ``(N, 1, D)`` is indexed by i, ``(1, M, D)`` by j, ``(D,)`` or
     ``(1, 1, D)`` is a parameter (leading batch dimensions allowed); a 2D ``(N, D)`` array
-    needs ``axis=0`` (i) or ``axis=1`` (j); a float is a scalar parameter.
+    needs ``axis=0`` (i) or ``axis=1`` (j); a float is a scalar parameter; a tuple of three
+    integers ``(index, dim, cat)`` a symbolic variable (:mod:`lazytensor.api.symbolic`).
 
     >>> x = LazyTensor(np.array([[0.0], [1.0], [3.0]])[:, None, :])   # (3, 1, 1): i
     >>> y = LazyTensor(np.array([[0.0], [2.0]]), axis=1)               # (1, 2, 1): j
@@ -481,6 +482,8 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
             key = (slice(None), *key[1:]) if len(key) > 2 else key[1:]
         if isinstance(key, tuple) and len(key) >= 1 and key[:-1] == (slice(None),) * (len(key) - 1):
             key = key[-1]
+        if getattr(key, "shape", None) == () or (hasattr(key, "shape") and tuple(key.shape) == ()):
+            key = integer_option(key, "index", "LazyTensor[...]")  # a 0-d integer array
         if isinstance(key, numbers.Integral):
             k = int(key) + (D if key < 0 else 0)
             if not 0 <= k < D:
@@ -510,7 +513,8 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
         >>> x.extract(1, 2).dense().tolist()
         [[[3.0, 2.0]]]
         """
-        return self._op("slice", params=(start, length))
+        start = integer_option(start, "start", "extract", low=0)
+        return self._op("slice", params=(start, integer_option(length, "length", "extract", low=1)))
 
     def concat(self, other: LazyTensor | Array | float) -> LazyTensor:
         return self._op("concat", other)
@@ -681,7 +685,7 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
         >>> Vi(np.array([[0.0], [2.0]])).one_hot(3).dense().tolist()
         [[[1.0, 0.0, 0.0]], [[0.0, 0.0, 1.0]]]
         """
-        return self._op("one_hot", params=(D,))
+        return self._op("one_hot", params=(integer_option(D, "D", "one_hot", low=1),))
 
     def sqnorm2(self) -> LazyTensor:
         """The squared Euclidean norm ``Σ_k x_k²`` of the vector: dimension D gives 1.
@@ -898,7 +902,8 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
         -inf terms together give NaN, as in NumPy.
 
         Shapes: ``(N, M, D)`` gives ``(N, D)`` for ``dim=1`` and ``(M, D)`` for ``dim=0``;
-        ``call=False`` returns the function of new arrays (one per variable) instead.
+        ``call=False`` (implied by symbolic variables, ``Vi(0, 3)``) returns the reduction
+        as a function instead (:class:`lazytensor.api.symbolic.DeferredReduction`).
 
         >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
         >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
@@ -1289,38 +1294,44 @@ def _describe_operand(lt: LazyTensor) -> str:
     return f"{text} ({', '.join(arrays)})" if arrays else text
 
 
+def _symbolic_leaf(v: Variable) -> LazyTensor:
+    return LazyTensor._new(ir.var(0, v.dim, v.cat), [v])
+
+
 def _is_int(v) -> bool:
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
 def Vi(x: Array | Sequence[Sequence[float]], label: str = "") -> LazyTensor:
     """An i-indexed variable from a 2D array (N, D) (or 1D (N,)): a LazyTensor of shape
-    ``(N, 1, D)``.
+    ``(N, 1, D)``. ``Vi(index, dim)`` is a symbolic one, the call's argument ``index``
+    (:mod:`lazytensor.api.symbolic`).
 
     >>> x = Vi(np.array([[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]))
     >>> x.shape, x.ndim
     ((3, 1, 2), 2)
     """
     if _is_int(x) and _is_int(label):  # Vi(index, dim): symbolic (lazytensor.api.symbolic)
-        return LazyTensor((x, label, 0))
+        return _symbolic_leaf(symbolic.leaf(x, label, "i", f"Vi({x}, {label})"))
     return LazyTensor(x, axis=0, label=label)
 
 
 def Vj(x: Array | Sequence[Sequence[float]], label: str = "") -> LazyTensor:
     """A j-indexed variable from a 2D array (M, D) (or 1D (M,)): a LazyTensor of shape
-    ``(1, M, D)``.
+    ``(1, M, D)``. ``Vj(index, dim)`` is a symbolic one (:mod:`lazytensor.api.symbolic`).
 
     >>> y = Vj(np.array([0.0, 2.0]))
     >>> y.shape, (Vi(np.zeros((3, 1))) - y).shape
     ((1, 2), (3, 2))
     """
     if _is_int(x) and _is_int(label):  # Vj(index, dim): symbolic (lazytensor.api.symbolic)
-        return LazyTensor((x, label, 1))
+        return _symbolic_leaf(symbolic.leaf(x, label, "j", f"Vj({x}, {label})"))
     return LazyTensor(x, axis=1, label=label)
 
 
 def Pm(x: Array | Sequence[float] | float, label: str = "") -> LazyTensor:
     """A parameter from a number or a 1D array (D,): the same for every i and j.
+    ``Pm(index, dim)`` is a symbolic one (:mod:`lazytensor.api.symbolic`).
 
     >>> x = Vi(np.array([[1.0, 2.0], [3.0, 4.0]]))
     >>> (x * Pm(np.array([10.0, 0.0]))).sum(-1).dense().tolist()
@@ -1329,7 +1340,7 @@ def Pm(x: Array | Sequence[float] | float, label: str = "") -> LazyTensor:
     [[2.5], [12.5]]
     """
     if _is_int(x) and _is_int(label):  # Pm(index, dim): symbolic (lazytensor.api.symbolic)
-        return LazyTensor((x, label, 2))
+        return _symbolic_leaf(symbolic.leaf(x, label, "p", f"Pm({x}, {label})"))
     if isinstance(x, numbers.Number):
         return LazyTensor(float(x), label=label)
     x = _as_array(x)
