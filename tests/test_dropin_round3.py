@@ -390,3 +390,8 @@ def test_print_as_pykeops(rng, capsys):
         "    shape: (1, 1)",
         "    reduction: ArgKMin (axis=1)",
         "        opt_arg: 4"]
+
+
+def test_symbolic_formula_has_no_dense_value():
+    with pytest.raises(ValueError, match=r"symbolic variables \(Vi\(0, 3\), Vj\(1, 3\)\)"):
+        Vi(0, 3).sqdist(Vj(1, 3)).dense()
