@@ -245,7 +245,13 @@ def test_torch_utils_and_tools(pk, rng):
 def test_common_modules(pk, capsys):
     import pykeops
     from pykeops.common.gpu_utils import get_gpu_number
-    from pykeops.common.utils import axis2cat, cat2axis, check_broadcasting, get_tools, pyKeOps_Message
+    from pykeops.common.utils import (
+        axis2cat,
+        cat2axis,
+        check_broadcasting,
+        get_tools,
+        pyKeOps_Message,
+    )
     from pykeops.numpy.utils import WarmUpGpu
 
     assert get_gpu_number() == (torch.cuda.device_count() if torch.cuda.is_available() else 0)

@@ -83,7 +83,7 @@ class Genred:
         arrays (pykeops's ``callfun``).
 
         >>> from lazytensor.codegen import ir
-        >>> f = Genred.from_ir(ir.var(0, 1, "j"), [parse.VarDecl("b", 0, "j", 1)], "sum", 0)
+        >>> f = Genred.from_ir(ir.var(0, 1, "j"), [parse.VarDecl("b", 0, "j", 1)], "sum", 1)
         >>> f(np.ones((3, 1))).tolist(), f.reduction_op
         ([[3.0]], 'Sum')
         """

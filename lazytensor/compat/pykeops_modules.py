@@ -215,12 +215,13 @@ def _common(name: str) -> ModuleType:
 
 
 def _common_utils(name: str) -> ModuleType:
+    from . import pykeops_common as c
     from . import pykeops_utils as u
 
-    return _module(name, "pykeops.common.utils on lazytensor (lazytensor.compat.pykeops_utils).",
-                   c_type=dict(u.C_TYPE), axis2cat=u.axis2cat, cat2axis=u.cat2axis,
-                   get_tools=u.get_tools, WarmUpGpu=u.warm_up, max_tuple=u.max_tuple,
-                   check_broadcasting=u.check_broadcasting, pyKeOps_Print=u.pyKeOps_Print,
+    return _module(name, "pykeops.common.utils on lazytensor (lazytensor.compat.pykeops_common).",
+                   c_type=dict(c.C_TYPE), axis2cat=c.axis2cat, cat2axis=c.cat2axis,
+                   get_tools=c.get_tools, WarmUpGpu=c.warm_up, max_tuple=c.max_tuple,
+                   check_broadcasting=c.check_broadcasting, pyKeOps_Print=u.pyKeOps_Print,
                    pyKeOps_Message=u.pyKeOps_Message, pyKeOps_Warning=u.pyKeOps_Warning)
 
 

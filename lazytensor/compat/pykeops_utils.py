@@ -1,5 +1,7 @@
-"""pykeops's small helper modules, for the alias: ``pykeops.numpy.utils``,
-``pykeops.torch.utils``, ``pykeops.common.utils`` and ``pykeops.common.gpu_utils``.
+"""pykeops's small helper modules, for the alias: ``pykeops.numpy.utils``, the messages of
+``pykeops.common.utils`` and ``pykeops.common.gpu_utils`` (``pykeops.torch.utils``:
+:mod:`lazytensor.compat.pykeops_torch_utils`; the rest of ``pykeops.common.utils``:
+:mod:`lazytensor.compat.pykeops_common`).
 
 KeOps's documentation scripts and benchmarks import dense reference kernels from them
 (``np_kernel``, ``torch_kernel``, ``squared_distances``), warm-up calls (``WarmUpGpu``),
@@ -26,7 +28,6 @@ from ..api.genred import Genred as _Genred
 from ..api.solve import KernelSolve as _KernelSolve
 from ..scale.cluster import swap_axes as _swap_axes
 
-C_TYPE = dict(float16="half2", float32="float", float64="double")
 KERNELS = ("gaussian", "laplacian", "cauchy", "inverse_multiquadric")
 
 # ---------------------------------------------------------------------------- messages
@@ -55,70 +56,6 @@ def pyKeOps_Message(message, use_tag: bool = True, **kwargs) -> None:  # noqa: N
 def pyKeOps_Warning(message) -> None:  # noqa: N802
     """``[pyKeOps] Warning : message`` on stdout, unless silenced (as pykeops)."""
     pyKeOps_Print("[pyKeOps] Warning : " + message)
-
-
-# ---------------------------------------------------------------------------- common.utils
-
-
-def axis2cat(axis: int) -> int:
-    """The category of a reduction's output: 1 (j) for ``axis=0``, 0 (i) for ``axis=1``.
-
-    >>> axis2cat(1), cat2axis(0)
-    (0, 1)
-    """
-    if axis not in (0, 1):
-        raise ValueError("Axis should be 0 or 1.")
-    return 1 - axis
-
-
-def cat2axis(cat: int) -> int:
-    """The reduced axis for an output of category ``cat`` (0: i, 1: j)."""
-    if cat not in (0, 1):
-        raise ValueError("Category should be Vi or Vj.")
-    return 1 - cat
-
-
-def max_tuple(a, b) -> tuple:
-    """Componentwise maximum of two tuples (as long as the shorter one)."""
-    return tuple(max(p, q) for p, q in zip(a, b))
-
-
-def check_broadcasting(dims_1, dims_2):
-    """The broadcast of two batch shapes (None is "no batch"); ValueError if they clash.
-
-    >>> check_broadcasting((3, 1), (4,)), check_broadcasting(None, (2,))
-    ((3, 4), (2,))
-    """
-    if dims_1 is None or dims_2 is None:
-        return dims_2 if dims_1 is None else dims_1
-    n = max(len(dims_1), len(dims_2))
-    a = (1,) * (n - len(dims_1)) + tuple(dims_1)
-    b = (1,) * (n - len(dims_2)) + tuple(dims_2)
-    if any(p != 1 and q != 1 and p != q for p, q in zip(a, b)):
-        raise ValueError(f"Incompatible batch dimensions: {dims_1} and {dims_2}.")
-    return max_tuple(a, b)
-
-
-def get_tools(lang: str):
-    """The array tools of ``"numpy"`` or ``"torch"`` (``"pytorch"``)."""
-    if lang == "numpy":
-        return numpytools()
-    if lang in ("torch", "pytorch"):
-        return torch_module().torchtools()
-    raise ValueError(f"get_tools: lang must be 'numpy', 'torch' or 'pytorch', got {lang!r}")
-
-
-def warm_up(lang: str = "numpy") -> None:
-    """pykeops's ``common.utils.WarmUpGpu(lang)``: two small Gaussian sums, so that later
-    timings leave out the first call's costs (here: loading the kernel)."""
-    routine = _Genred("SqDist(x,y)", ["x = Vi(1)", "y = Vj(1)"], reduction_op="Sum", axis=1)
-    dum = np.random.rand(10, 1)
-    if lang != "numpy":
-        import torch
-
-        dum = torch.from_numpy(dum)
-    routine(dum, dum)
-    routine(dum, dum)
 
 
 # ---------------------------------------------------------------------------- gpu_utils
@@ -202,7 +139,7 @@ def chain_rules(q, ax, by, Aa, p):
 def log_sum_exp(mat, axis=0):
     """``log Σ exp(mat)`` along ``axis``, shifted by the maximum (stable).
 
-    >>> float(log_sum_exp(np.array([0.0, 0.0]), axis=0)) == np.log(2)
+    >>> bool(np.isclose(log_sum_exp(np.array([0.0, 0.0]), axis=0), np.log(2)))
     True
     """
     top = mat.max(axis=axis)
@@ -223,22 +160,13 @@ def np_kernel_sphere(nalpha, nbeta, s, kernel):
 def numpy_warm_up() -> None:
     """pykeops.numpy.utils's ``WarmUpGpu()``: the message, then (with a GPU) two small
     Gaussian convolutions in float64."""
-    from .pykeops_modules import _gpu_available
-
     pyKeOps_Message("Warming up the Gpu (numpy bindings) !!!")
-    if _gpu_available():
+    if get_gpu_number() > 0:
         routine = _Genred("Exp(-oos2*SqDist(x,y))*b", ["x = Vi(1)", "y = Vj(1)", "b = Vj(1)",
                                                       "oos2 = Pm(1)"], reduction_op="Sum", axis=1)
         dum, dum2 = np.random.rand(10, 1), np.random.rand(10, 1)
         for _ in range(2):
             routine(dum, dum, dum2, np.array([1.0]))
-
-
-def torch_module():
-    """:mod:`lazytensor.compat.pykeops_torch_utils` (imports torch)."""
-    from . import pykeops_torch_utils
-
-    return pykeops_torch_utils
 
 
 def _np_complex_view(x, pairs):

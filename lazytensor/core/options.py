@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import numbers
 
-import numpy as np
-
 from ..codegen import reductions
 
 # pykeops's backend names -> ours. "GPU_1D"/"GPU_2D" (and their "_host"/"_device" forms)
@@ -47,6 +45,7 @@ def integer_option(value, name: str, where: str, low: int | None = None) -> int:
     passes ``K=torch.tensor(90)``). Floats (even integral ones), booleans and arrays of
     several values are refused, naming the option; ``low`` is the smallest value allowed.
 
+    >>> import numpy as np
     >>> integer_option(np.int64(3), "K", "argKmin"), integer_option(np.array(2), "K", "argKmin")
     (3, 2)
     >>> integer_option(3.0, "K", "argKmin")
