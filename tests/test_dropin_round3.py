@@ -401,3 +401,16 @@ def test_print_as_pykeops(rng, capsys):
 def test_symbolic_formula_has_no_dense_value():
     with pytest.raises(ValueError, match=r"symbolic variables \(Vi\(0, 3\), Vj\(1, 3\)\)"):
         Vi(0, 3).sqdist(Vj(1, 3)).dense()
+
+
+def test_a_number_on_the_left_is_numbered_after_the_arrays(rng):
+    """``0.5 * x_i``: pykeops keeps x first (Var 0) and the number second (Var 1), in the
+    printed formula and in callfun's arguments."""
+    x = rng.random((6, 3))
+    K = 0.5 * Vi(x)
+    assert str(K).splitlines()[1] == "    formula: (Var(1,1,2) * Var(0,3,0))"
+    f = (2.0 - Vi(x).sqnorm2() * Vj(0, 1)).sum(dim=1)
+    y = rng.random((4, 1))
+    want = (2.0 - (x**2).sum(1, keepdims=True) * y.T).sum(1, keepdims=True)
+    close(f(y), want)
+    close(f.callfun(y, x, 2.0), want)  # y (symbolic), x, then the number

@@ -246,7 +246,7 @@ def test_kernel_ridge_solve_and_kernelsolve(rng):
     close(out, ref, 1e-7)
     solver = K_xx.solve(Vi(b), alpha=alpha, eps=1e-10, call=False)  # a callable, as pykeops
     close(solver(), ref, 1e-7)
-    close(solver.callfun(b, x, x), ref, 1e-7)  # pykeops's order: b, then K's arrays
+    close(solver.callfun(b, x, x, -g), ref, 1e-7)  # pykeops's order: b, then K's x, x, -g
 
 
 def test_scipy_linear_operator(rng):

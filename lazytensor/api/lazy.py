@@ -361,7 +361,11 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
         return out
 
     def _rop(self, name, other):
-        return self._operand(other)._op(name, self)
+        operand = self._operand(other)
+        if operand.is_complex or self.is_complex:
+            return operand._op(name, self)
+        # self's variables first, as pykeops numbers them (its callfun's order, print(K))
+        return self._build(lambda a, b: ops.apply(name, b, a), operand)
 
     def _operand(self, o) -> LazyTensor:
         """A LazyTensor for a non-LazyTensor operand of ``self``.
