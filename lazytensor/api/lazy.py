@@ -486,7 +486,7 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
             key = (slice(None), *key[1:]) if len(key) > 2 else key[1:]
         if isinstance(key, tuple) and len(key) >= 1 and key[:-1] == (slice(None),) * (len(key) - 1):
             key = key[-1]
-        if getattr(key, "shape", None) == () or (hasattr(key, "shape") and tuple(key.shape) == ()):
+        if hasattr(key, "shape") and tuple(key.shape) == ():
             key = integer_option(key, "index", "LazyTensor[...]")  # a 0-d integer array
         if isinstance(key, numbers.Integral):
             k = int(key) + (D if key < 0 else 0)

@@ -196,7 +196,8 @@ class DeferredReduction:
                 raise TypeError(f"this reduction takes one array per variable ({len(variables)}: "
                                 f"{'; '.join(v.describe(k) for k, v in enumerate(variables))}), "
                                 f"got {len(args)}")
-            return [Variable(a, v.cat, v.dim, v.label) for a, v in zip(args, variables)]
+            return [bind_one(parse.VarDecl(v.label or None, k, v.cat, v.dim), a, k)
+                    for k, (a, v) in enumerate(zip(args, variables))]
         if len(args) != len(self._slots):
             wanted = ", ".join(v.label for _, v in sorted(self._slots.items()))
             raise TypeError(f"this reduction takes the arrays of its symbolic variables, in "
