@@ -414,3 +414,20 @@ def test_a_number_on_the_left_is_numbered_after_the_arrays(rng):
     want = (2.0 - (x**2).sum(1, keepdims=True) * y.T).sum(1, keepdims=True)
     close(f(y), want)
     close(f.callfun(y, x, 2.0), want)  # y (symbolic), x, then the number
+
+
+def test_symbolic_reduction_takes_ranges_and_out_at_call(rng):
+    from lazytensor.scale.cluster import cluster_ranges, from_matrix, grid_cluster, sort_clusters
+
+    x, y = np.sort(rng.random((60, 1)), 0), np.sort(rng.random((50, 1)), 0)
+    xl, yl = grid_cluster(x, 0.25), grid_cluster(y, 0.25)
+    x, xl = sort_clusters(x, xl)
+    y, yl = sort_clusters(y, yl)
+    rx, ry = cluster_ranges(xl), cluster_ranges(yl)
+    keep = np.abs(np.arange(len(rx))[:, None] - np.arange(len(ry))[None]) <= 1
+    f = (-Vi(0, 1).sqdist(Vj(1, 1))).exp().sum(dim=1)
+    mask = keep[xl][:, yl]  # the pairs whose clusters interact
+    out = np.empty((60, 1))
+    got = f(x, y, ranges=from_matrix(rx, ry, keep), out=out)
+    assert got is out
+    close(out, (np.exp(-sqd(x, y)) * mask).sum(1, keepdims=True))

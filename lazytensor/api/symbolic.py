@@ -146,7 +146,7 @@ class DeferredReduction:
     With symbolic variables, the call takes their arrays in index order (``f(x, y, b)``
     for ``Vi(0, 3)``, ``Vj(1, 3)``, ``Vj(2, 1)``); without, ``f()`` runs it on the bound
     arrays and ``f(*arrays)`` on new ones, one per variable. The call takes ``backend``,
-    ``device_id`` and ``out``, as a Genred's; torch tensors get gradients.
+    ``device_id``, ``ranges`` and ``out``, as a Genred's; torch tensors get gradients.
 
     >>> import numpy as np
     >>> from lazytensor import Vi, Vj
@@ -205,11 +205,18 @@ class DeferredReduction:
         return bind_slots(variables, args)
 
     def __call__(self, *args: Any, backend: str | None = None, device_id: int | None = None,
-                 out: Any = None):
+                 ranges: Any = None, out: Any = None):
         variables = self._bind(args)
-        backend = self.backend if backend is None else gpu_options(backend, device_id)[0]
-        result = self._run(self.lazytensor.formula, variables, self.reduction, self.axis,
-                           self.opts, backend, self.grad_mode)
+        if backend is not None or device_id is not None:
+            backend = gpu_options(self.backend if backend is None else backend, device_id)[0]
+        run = self._run
+        if ranges is not None:  # block-sparse ranges given with the call (lazytensor.scale.ranges)
+            from ..scale import ranges as ranges_mod
+
+            def run(*arguments):
+                return ranges_mod.reduce(*arguments, ranges)
+        result = run(self.lazytensor.formula, variables, self.reduction, self.axis, self.opts,
+                     self.backend if backend is None else backend, self.grad_mode)
         io_dtype = half.output_dtype(variables)
         if io_dtype:
             result = half.cast_outputs(result, io_dtype)
