@@ -906,8 +906,7 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
         -inf terms together give NaN, as in NumPy.
 
         Shapes: ``(N, M, D)`` gives ``(N, D)`` for ``dim=1`` and ``(M, D)`` for ``dim=0``;
-        ``call=False`` (implied by symbolic variables, ``Vi(0, 3)``) returns the reduction
-        as a function instead (:class:`lazytensor.api.symbolic.DeferredReduction`).
+        ``call=False`` returns the function of new arrays (one per variable) instead.
 
         >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
         >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
