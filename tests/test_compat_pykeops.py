@@ -56,7 +56,9 @@ def test_pykeops_names_are_lazytensor_objects(installed):
     assert pykeops.numpy.Vi is lazytensor.Vi and TorchGenred is lazytensor.Genred
     assert KernelSolve is KernelSolve2 is lazytensor.KernelSolve
     assert generic_logsumexp is lazytensor.generic_logsumexp
-    assert np_grid_cluster is lazytensor.scale.cluster.grid_cluster
+    # each side's grid_cluster as its pykeops module's: anchored at 0 (NumPy), at the minimum (torch)
+    assert np_grid_cluster is lazytensor.scale.cluster.grid_cluster_at_origin
+    assert pykeops.torch.cluster.grid_cluster is lazytensor.scale.cluster.grid_cluster
     assert pykeops.__version__ == "2.3" and pykeops.torch is sys.modules["pykeops.torch"]
     assert isinstance(pykeops.config.gpu_available, bool)
     assert pykeops.config.gpu_available == torch.cuda.is_available()
@@ -180,8 +182,8 @@ def test_bindings_checks_run_on_lazytensor(installed, capsys):
 
 
 def test_an_unknown_submodule_says_what_the_alias_covers(installed):
-    with pytest.raises(ModuleNotFoundError, match="pykeops.common.*provides.*torch.cluster"):
-        import pykeops.common.utils  # noqa: F401
+    with pytest.raises(ModuleNotFoundError, match="pykeops.common.keops_io.*provides.*torch.cluster"):
+        import pykeops.common.keops_io  # noqa: F401
 
 
 def test_install_refuses_after_the_real_pykeops(monkeypatch):

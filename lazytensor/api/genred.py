@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import fastsum
-from ..codegen import ops, parse
+from ..codegen import ops, parse, reductions
 from ..core import half
 from ..core.binding import Variable, copy_into, is_torch
 from ..core.options import check_axis, gpu_options, keops_reduction, reduction_options
@@ -75,6 +75,24 @@ class Genred:
         self.opts.update(reduction_options(self.reduction, dtype_acc, use_double_acc, sum_scheme))
         self.tol = tol if tol is None else fastsum.resolve_tol(tol, self.reduction)
 
+    @classmethod
+    def from_ir(cls, formula, variables: Sequence[parse.VarDecl], reduction: str, axis: int,
+                opts: dict | None = None) -> Genred:
+        """The Genred of an IR ``formula`` whose variable k is ``variables[k]`` and of
+        our ``reduction`` (with its ``opts``): a LazyTensor reduction as a function of its
+        arrays (pykeops's ``callfun``).
+
+        >>> from lazytensor.codegen import ir
+        >>> f = Genred.from_ir(ir.var(0, 1, "j"), [parse.VarDecl("b", 0, "j", 1)], "sum", 1)
+        >>> f(np.ones((3, 1))).tolist(), f.reduction_op
+        ([[3.0]], 'Sum')
+        """
+        red = object.__new__(cls)
+        red.formula, red.variables = formula, list(variables)
+        red.reduction, red.axis, red.opts, red.tol = reduction, check_axis(axis), dict(opts or {}), None
+        red.reduction_op = reductions.get(reduction).keops_name or reduction
+        return red
+
     def __repr__(self) -> str:
         args = ", ".join(v.describe() for v in self.variables)
         return f"Genred({self.reduction_op}, axis={self.axis}, [{args}])"
@@ -123,7 +141,7 @@ def bind_arguments(decls, args) -> list:
     if len(args) != len(decls):
         names = ", ".join(d.describe() for d in decls)
         raise ArgumentTypeError(f"expected {len(decls)} arrays ({names}), got {len(args)}")
-    bound = [_bind_one(d, a, k) for k, (d, a) in enumerate(zip(decls, args))]
+    bound = [bind_one(d, a, k) for k, (d, a) in enumerate(zip(decls, args))]
     return _drop_unit_parameter_batches(bound)
 
 
@@ -141,7 +159,8 @@ def _drop_unit_parameter_batches(variables: list) -> list:
     return out
 
 
-def _bind_one(decl, x, k):
+def bind_one(decl, x, k):
+    """The :class:`Variable` of array ``x``, argument ``k`` of a call, checked against ``decl``."""
     what = f"argument {k} ({decl.describe()})"
     if isinstance(x, numbers.Number) and not isinstance(x, bool):
         if decl.cat != "p" or decl.dim != 1:

@@ -23,12 +23,12 @@ from .. import fastsum
 from ..codegen import compositions, ir, ops
 from ..core import half
 from ..core.binding import Variable, array_dtype, bind, copy_into, is_torch
-from ..core.options import split_reduction_keywords
+from ..core.options import integer_option, split_reduction_keywords
 from ..distributed import context as distributed_context
 from ..engine import plans as engine
 from ..errors import ArgumentTypeError
 from ..scale.cluster import swap_axes
-from . import complex_methods, materialize
+from . import complex_methods, materialize, symbolic
 from . import solve as linear_solve
 from .complex_methods import ComplexMethods, RealToComplexMethods, is_complex_operand
 from .keops_methods import KeOpsMethods
@@ -114,7 +114,8 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
 
     ``x`` of shape ``(N, 1, D)`` is indexed by i, ``(1, M, D)`` by j, ``(D,)`` or
     ``(1, 1, D)`` is a parameter (leading batch dimensions allowed); a 2D ``(N, D)`` array
-    needs ``axis=0`` (i) or ``axis=1`` (j); a float is a scalar parameter.
+    needs ``axis=0`` (i) or ``axis=1`` (j); a float is a scalar parameter; a tuple of three
+    integers ``(index, dim, cat)`` a symbolic variable (:mod:`lazytensor.api.symbolic`).
 
     >>> x = LazyTensor(np.array([[0.0], [1.0], [3.0]])[:, None, :])   # (3, 1, 1): i
     >>> y = LazyTensor(np.array([[0.0], [2.0]]), axis=1)               # (1, 2, 1): j
@@ -150,7 +151,10 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
                 self.variables = [Variable(float(x), "p", 1, label)]
             return
         if isinstance(x, tuple) and len(x) == 3 and all(_is_int(v) for v in x):
-            _symbolic(f"LazyTensor({x})", x[1], {0: "Vi", 1: "Vj"}.get(x[2], "Pm"))  # (ind, dim, cat)
+            # (index, dim, cat): a symbolic variable, bound at call time (lazytensor.api.symbolic)
+            v = symbolic.leaf(*x, call=f"LazyTensor({x})")
+            self.formula, self.variables = ir.var(0, v.dim, v.cat), [v]
+            return
         data, cat = _canonical(_as_array(x), axis)
         dim = int(data.shape[-1])
         if dim < 1:
@@ -254,8 +258,17 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
                 return half.dtype_object(v.data, v.io_dtype) if v.io_dtype else v.data.dtype
         return None
 
-    def __repr__(self) -> str:
-        return f"LazyTensor({ir.to_text(self.formula)}, {len(self.variables)} variables)"
+    def __str__(self) -> str:
+        """As pykeops: "KeOps LazyTensor", the formula in pykeops's notation, the shape.
+
+        >>> print(Vi(np.zeros((4, 3))).sqdist(Vj(np.zeros((2, 3)))))
+        KeOps LazyTensor
+            formula: Sum(Square((Var(0,3,0) - Var(1,3,1))))
+            shape: (4, 2)
+        """
+        return symbolic.describe(self)
+
+    __repr__ = __str__
 
     # ------------------------------------------------------------------ NumPy and torch
     # np.exp(K), np.sum(K, axis=1), torch.logsumexp(K, dim=1), t + K ... (lazytensor.interop.protocols).
@@ -348,7 +361,11 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
         return out
 
     def _rop(self, name, other):
-        return self._operand(other)._op(name, self)
+        operand = self._operand(other)
+        if operand.is_complex or self.is_complex:
+            return operand._op(name, self)
+        # self's variables first, as pykeops numbers them (its callfun's order, print(K))
+        return self._build(lambda a, b: ops.apply(name, b, a), operand)
 
     def _operand(self, o) -> LazyTensor:
         """A LazyTensor for a non-LazyTensor operand of ``self``.
@@ -469,6 +486,8 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
             key = (slice(None), *key[1:]) if len(key) > 2 else key[1:]
         if isinstance(key, tuple) and len(key) >= 1 and key[:-1] == (slice(None),) * (len(key) - 1):
             key = key[-1]
+        if hasattr(key, "shape") and tuple(key.shape) == ():
+            key = integer_option(key, "index", "LazyTensor[...]")  # a 0-d integer array
         if isinstance(key, numbers.Integral):
             k = int(key) + (D if key < 0 else 0)
             if not 0 <= k < D:
@@ -498,7 +517,8 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
         >>> x.extract(1, 2).dense().tolist()
         [[[3.0, 2.0]]]
         """
-        return self._op("slice", params=(start, length))
+        start = integer_option(start, "start", "extract", low=0)
+        return self._op("slice", params=(start, integer_option(length, "length", "extract", low=1)))
 
     def concat(self, other: LazyTensor | Array | float) -> LazyTensor:
         return self._op("concat", other)
@@ -669,7 +689,7 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
         >>> Vi(np.array([[0.0], [2.0]])).one_hot(3).dense().tolist()
         [[[1.0, 0.0, 0.0]], [[0.0, 0.0, 1.0]]]
         """
-        return self._op("one_hot", params=(D,))
+        return self._op("one_hot", params=(integer_option(D, "D", "one_hot", low=1),))
 
     def sqnorm2(self) -> LazyTensor:
         """The squared Euclidean norm ``Σ_k x_k²`` of the vector: dimension D gives 1.
@@ -805,9 +825,7 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
         if dim is None:
             raise ValueError(f"{name}: say which index to reduce, dim=0 (i) or dim=1 (j)")
         nb = self.nbatchdims
-        if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
-            raise ValueError(f"{name}: dim must be an integer, got {dim!r}")
-        dim = int(dim)
+        dim = integer_option(dim, "dim", name)
         if dim < 0:
             dim += nb + 3
         if dim == nb:
@@ -832,6 +850,7 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
         ranges = self.ranges if ranges is None else ranges
         tol = fastsum.resolve_tol(tol, reduction, ranges, group)  # None: exact (lazytensor.fastsum)
         io_dtype = half.output_dtype(self.variables)
+        call = call and not symbolic.has_slots(self.variables)  # symbolic: a function of arrays
         if call and engine.torch_compiling():  # torch.compile/export: the torch.library op
             if ranges is not None or group is not None:
                 raise NotImplementedError(f"{reduction}: block-sparse ranges and distributed "
@@ -859,16 +878,8 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
             def run_reduction(*args):
                 return ranges_mod.reduce(*args, ranges)
         if not call:
-            def run(*arrays, backend=backend):
-                if arrays:
-                    rebound = [Variable(a, v.cat, v.dim, v.label)
-                               for a, v in zip(arrays, self.variables)]
-                    return run_reduction(self.formula, rebound, reduction, axis_, opts, backend,
-                                         grad_mode)
-                return run_reduction(self.formula, self.variables, reduction, axis_, opts, backend,
-                                     grad_mode)
-
-            return run
+            return symbolic.DeferredReduction(self, reduction, axis_, opts, backend, grad_mode,
+                                              run_reduction)
         result = run_reduction(self.formula, self.variables, reduction, axis_, opts, backend,
                                grad_mode)
         if io_dtype:
@@ -1286,13 +1297,8 @@ def _describe_operand(lt: LazyTensor) -> str:
     return f"{text} ({', '.join(arrays)})" if arrays else text
 
 
-def _symbolic(call: str, dim, helper: str):
-    """pykeops's symbolic variables ``Vi(index, dim)`` (bound when a ``call=False`` reduction
-    is called) are not supported: say so rather than build a constant."""
-    raise NotImplementedError(
-        f"{call}: symbolic variables (an index and a dimension, bound at call time) are not "
-        f"supported; wrap the array itself ({helper}(x)), or use Genred with aliases such as "
-        f"'x = {helper}({dim})'")
+def _symbolic_leaf(v: Variable) -> LazyTensor:
+    return LazyTensor._new(ir.var(0, v.dim, v.cat), [v])
 
 
 def _is_int(v) -> bool:
@@ -1301,32 +1307,34 @@ def _is_int(v) -> bool:
 
 def Vi(x: Array | Sequence[Sequence[float]], label: str = "") -> LazyTensor:
     """An i-indexed variable from a 2D array (N, D) (or 1D (N,)): a LazyTensor of shape
-    ``(N, 1, D)``.
+    ``(N, 1, D)``. ``Vi(index, dim)`` is a symbolic one, the call's argument ``index``
+    (:mod:`lazytensor.api.symbolic`).
 
     >>> x = Vi(np.array([[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]))
     >>> x.shape, x.ndim
     ((3, 1, 2), 2)
     """
-    if _is_int(x) and _is_int(label):
-        _symbolic(f"Vi({x}, {label})", label, "Vi")
+    if _is_int(x) and _is_int(label):  # Vi(index, dim): symbolic (lazytensor.api.symbolic)
+        return _symbolic_leaf(symbolic.leaf(x, label, "i", f"Vi({x}, {label})"))
     return LazyTensor(x, axis=0, label=label)
 
 
 def Vj(x: Array | Sequence[Sequence[float]], label: str = "") -> LazyTensor:
     """A j-indexed variable from a 2D array (M, D) (or 1D (M,)): a LazyTensor of shape
-    ``(1, M, D)``.
+    ``(1, M, D)``. ``Vj(index, dim)`` is a symbolic one (:mod:`lazytensor.api.symbolic`).
 
     >>> y = Vj(np.array([0.0, 2.0]))
     >>> y.shape, (Vi(np.zeros((3, 1))) - y).shape
     ((1, 2), (3, 2))
     """
-    if _is_int(x) and _is_int(label):
-        _symbolic(f"Vj({x}, {label})", label, "Vj")
+    if _is_int(x) and _is_int(label):  # Vj(index, dim): symbolic (lazytensor.api.symbolic)
+        return _symbolic_leaf(symbolic.leaf(x, label, "j", f"Vj({x}, {label})"))
     return LazyTensor(x, axis=1, label=label)
 
 
 def Pm(x: Array | Sequence[float] | float, label: str = "") -> LazyTensor:
     """A parameter from a number or a 1D array (D,): the same for every i and j.
+    ``Pm(index, dim)`` is a symbolic one (:mod:`lazytensor.api.symbolic`).
 
     >>> x = Vi(np.array([[1.0, 2.0], [3.0, 4.0]]))
     >>> (x * Pm(np.array([10.0, 0.0]))).sum(-1).dense().tolist()
@@ -1334,8 +1342,8 @@ def Pm(x: Array | Sequence[float] | float, label: str = "") -> LazyTensor:
     >>> (x.sqnorm2() * Pm(0.5)).dense().tolist()
     [[2.5], [12.5]]
     """
-    if _is_int(x) and _is_int(label):
-        _symbolic(f"Pm({x}, {label})", label, "Pm")
+    if _is_int(x) and _is_int(label):  # Pm(index, dim): symbolic (lazytensor.api.symbolic)
+        return _symbolic_leaf(symbolic.leaf(x, label, "p", f"Pm({x}, {label})"))
     if isinstance(x, numbers.Number):
         return LazyTensor(float(x), label=label)
     x = _as_array(x)

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..codegen import arraymath, ir
 from ..codegen.evaluate import evaluate
-from ..core.binding import bind
+from ..core.binding import Slot, bind
 
 DEFAULT_MAX_BYTES = 1 << 28  # 256 MiB: a 8192 x 8192 float32 kernel
 CHUNK_ELEMENTS = 1 << 22  # pair-components evaluated at once (as the reference evaluator)
@@ -79,6 +79,11 @@ def dense(K, max_bytes: int = DEFAULT_MAX_BYTES):
     >>> G.sum().backward(); x.grad.shape
     torch.Size([5, 3])
     """
+    symbolic = [v.label for v in K.variables if isinstance(v.data, Slot)]
+    if symbolic:
+        raise ValueError(f"K.dense(): K holds symbolic variables ({', '.join(symbolic)}), which "
+                         "have no arrays until a reduction of K is called; reduce K "
+                         "(f = K.sum(dim=1); f(x, y)) or build K on the arrays")
     if K.ranges is not None:
         raise ValueError("K.dense(): K has block-sparse ranges (pairs outside the blocks are "
                          "left out of the reductions and have no dense value); drop K.ranges first")

@@ -25,10 +25,11 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..codegen import ir, ops, parse
-from ..core.binding import Variable, bind, is_torch
+from ..core.binding import Slot, Variable, bind, is_torch
 from ..core.options import IGNORED_OPTIONS, check_axis, keops_backend, reduction_options
 from ..core.progress import IterationProgress
 from ..engine import plans as engine
+from . import symbolic
 from .genred import bind_arguments
 from .typehints import Array
 
@@ -241,8 +242,9 @@ def solve(K, b, alpha=0.0, eps=1e-6, maxiter=None, var=None, backend="auto", cal
     ``‖r‖ ≤ eps ‖b‖`` for every column. Differentiable in ``b``, ``alpha`` and the kernel's
     tensors. As pykeops's ``K.solve``, it takes the kernel products' options (``backend``
     with pykeops's names, ``dtype_acc``, ``use_double_acc``, ``sum_scheme``) and accepts
-    ``enable_chunks``/``device_id``-style ones without effect; ``call=False`` (a callable
-    to bind later) is not supported. ``verbose=True`` reports the iterations and the
+    ``enable_chunks``/``device_id``-style ones without effect. ``call=False``, or symbolic
+    variables in ``K`` or ``b`` (``Vi(0, 3)``, ...), give a :class:`DeferredSolve`, the
+    solve as a function of their arrays (as pykeops). ``verbose=True`` reports the iterations and the
     relative residual on stderr (a tqdm bar when tqdm is installed).
 
     >>> import numpy as np
@@ -255,9 +257,12 @@ def solve(K, b, alpha=0.0, eps=1e-6, maxiter=None, var=None, backend="auto", cal
     if not _is_lazy(K):
         raise TypeError(f"solve: K must be a LazyTensor, got {type(K).__name__}")
     alpha = _check_alpha(alpha)
-    if call is not True:
-        raise NotImplementedError("K.solve(b, call=False) is not supported: call K.solve(b) on the "
-                                  "arrays themselves")
+    if call is not True or symbolic.has_slots(K.variables) or (
+            _is_lazy(b) and symbolic.has_slots(b.variables)):
+        return DeferredSolve(K, b, dict(alpha=alpha, eps=eps, maxiter=maxiter, var=var,
+                                        backend=backend, dtype_acc=dtype_acc,
+                                        use_double_acc=use_double_acc, sum_scheme=sum_scheme,
+                                        verbose=verbose, **ignored))
     unknown_kw = [k for k in ignored if k not in IGNORED_OPTIONS]
     if unknown_kw:
         raise TypeError(f"solve() got an unexpected keyword argument {unknown_kw[0]!r}")
@@ -278,6 +283,69 @@ def solve(K, b, alpha=0.0, eps=1e-6, maxiter=None, var=None, backend="auto", cal
     op = KernelOperator(formula, tuple(variables), unknown, 1, opts, backend, K.ranges)
     datas = [None if k == unknown else v.data for k, v in enumerate(variables)]
     return shape_back(_solve(op, datas, rhs, alpha, eps, maxiter, verbose))
+
+
+class DeferredSolve:
+    """``K.solve(b, call=False)`` (or with symbolic variables): the solve, run when called.
+
+    Without symbolic variables, ``f()`` solves (keywords such as ``alpha`` override the
+    solve's); with them, ``f(*arrays)`` takes their arrays in index order, ``b``'s too when
+    ``b`` is one (``K.solve(Vi(2, 1), ...)``). ``f.callfun`` takes every array in
+    pykeops's order: the symbolic variables', then ``b`` (when bound), then ``K``'s.
+
+    >>> import numpy as np
+    >>> from lazytensor import Vi, Vj
+    >>> x = np.random.rand(30, 1)
+    >>> K = (-Vi(x).sqdist(Vj(x))).exp()
+    >>> f = K.solve(np.ones(30), alpha=1.0, call=False)
+    >>> a = f()
+    >>> bool(np.abs(K @ a + a - 1).max() < 1e-5), f.callfun(np.ones(30), x, x).shape
+    (True, (30,))
+    """
+
+    def __init__(self, K, b, kwargs: dict):
+        self.K, self.b, self.kwargs = K, b, kwargs
+        self._b_slot = _is_lazy(b) and symbolic.has_slots(b.variables)
+        if self._b_slot and (len(b.variables) != 1 or b.formula.op != "var"):
+            raise ValueError("solve: a symbolic b must be one variable (Vi(index, dim))")
+        self._slots = symbolic.slots(list(K.variables) + (list(b.variables) if self._b_slot else []))
+        self.reduction_op = "Solve"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Array:
+        if len(args) != len(self._slots):
+            what = (", ".join(v.label for _, v in sorted(self._slots.items())) if self._slots
+                    else "no arrays: K and b are bound")
+            raise TypeError(f"this solve takes {len(self._slots)} arrays ({what}), got {len(args)}")
+        K, b = self.K, self.b
+        if self._slots:
+            K = K._new(K.formula, symbolic.bind_slots(K.variables, args))
+            K.ranges = self.K.ranges
+            if self._b_slot:
+                b = args[b.variables[0].data.index]
+        return solve(K, b, **{**self.kwargs, **kwargs})
+
+    def callfun(self, *arrays: Any, **kwargs: Any) -> Array:
+        """The solve of all its arrays, in pykeops's index order."""
+        S = len(self._slots)
+        bound = [v for v in self.K.variables if not isinstance(v.data, Slot)]
+        wanted = S + (0 if self._b_slot else 1) + len(bound)
+        if len(arrays) != wanted:
+            raise TypeError(f"callfun takes {wanted} arrays (the symbolic variables', b, then "
+                            f"K's), got {len(arrays)}")
+        head, rest = arrays[:S], list(arrays[S:])
+        b = self.b if self._b_slot else rest.pop(0)
+        new = iter(rest)
+        variables = [v if isinstance(v.data, Slot) else Variable(next(new), v.cat, v.dim,
+                                                                         v.label)
+                     for v in self.K.variables]
+        K = self.K._new(self.K.formula, variables)
+        K.ranges = self.K.ranges
+        return DeferredSolve(K, b, self.kwargs)(*head, **kwargs)
+
+    def __str__(self) -> str:
+        return symbolic.describe(self.K) + "\n    reduction: Solve (axis=1)"  # as pykeops
+
+    __repr__ = __str__
 
 
 def _find_leaf(K, var) -> int:

@@ -21,7 +21,20 @@ lazytensor.compat: run code written for pykeops on lazytensor
 Aliased modules (pykeops {version} API):
 {modules}
 
-float16 inputs compute in float32 (on the CPU too), returned as float16.
+Deliberate differences from pykeops {version}:
+  - float16 inputs compute in float32 (on the CPU too), returned as float16;
+    dtype_acc="float16" (half data only, as pykeops) accumulates in float32.
+  - print(K) / repr(K): pykeops's layout; the formula is lazytensor's, in pykeops's
+    names (SqDist prints as what it is built of: Sum(Square((a - b)))).
+  - K.sum(dim=1, call=False)(*arrays) binds new arrays to every variable; symbolic
+    variables (Vi(0, 3), ...) are numbered 0 .. n-1 (a gap is an error).
+  - grid_cluster works in any dimension (pykeops: 1 to 3) and gives int64 labels
+    (pykeops.torch: int32); sort_clusters keeps the order inside a cluster (stable).
+  - K=, opt_arg= and other integer options take ints, NumPy integers and 0-d integer
+    arrays or tensors; floats (3.0 too) are refused.
+  - np_kernel / torch_kernel with an unknown kernel name raise ValueError (pykeops's
+    NumPy helpers return None).
+
 install() refuses (PykeopsAlreadyImported) when the real pykeops is already imported;
 uninstall() removes the alias. The kernels live in lazytensor's cache
 (python -m lazytensor cache info); pykeops.clean_pykeops() empties it.

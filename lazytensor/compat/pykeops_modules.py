@@ -143,7 +143,7 @@ def _top(name: str) -> ModuleType:
         module.verbose = bool(val)
 
     module.set_verbose = set_verbose
-    _lazy_submodules(module, ("config", "torch", "numpy"))
+    _lazy_submodules(module, ("config", "torch", "numpy", "common"))
     return module
 
 
@@ -169,18 +169,22 @@ def _frontend(library: str) -> Callable[[str], ModuleType]:
         module = _module(name, f"pykeops.{library} on lazytensor ({front.__name__}).",
                          __all__=list(_TORCH_NAMES),
                          **{n: getattr(front, n) for n in _TORCH_NAMES})
-        _lazy_submodules(module, ("cluster", "operations", "generic", "lazytensor"))
+        _lazy_submodules(module, ("cluster", "operations", "generic", "lazytensor", "utils"))
         return module
 
     return build
 
 
 def _cluster(name: str) -> ModuleType:
+    """pykeops's cluster helpers; ``grid_cluster`` as the pykeops module's own: anchored at
+    the points' minimum in pykeops.torch, at the origin in pykeops.numpy."""
     from ..scale import cluster
 
+    helpers = {n: getattr(cluster, n) for n in cluster.__all__}
+    if name.startswith("pykeops.numpy."):
+        helpers["grid_cluster"] = cluster.grid_cluster_at_origin
     return _module(name, "pykeops's cluster helpers on lazytensor (lazytensor.scale.cluster).",
-                   __all__=list(cluster.__all__),
-                   **{n: getattr(cluster, n) for n in cluster.__all__})
+                   __all__=list(cluster.__all__), **helpers)
 
 
 def _operations(name: str) -> ModuleType:
@@ -202,6 +206,47 @@ def _lazytensor_module(name: str) -> ModuleType:
 
     return _module(name, "pykeops's LazyTensor module on lazytensor.", LazyTensor=lazy.LazyTensor,
                    GenericLazyTensor=lazy.LazyTensor, Vi=lazy.Vi, Vj=lazy.Vj, Pm=lazy.Pm)
+
+
+def _common(name: str) -> ModuleType:
+    module = _module(name, "pykeops.common on lazytensor: pykeops's shared helpers.")
+    _lazy_submodules(module, ("utils", "gpu_utils"))
+    return module
+
+
+def _common_utils(name: str) -> ModuleType:
+    from . import pykeops_common as c
+    from . import pykeops_utils as u
+
+    return _module(name, "pykeops.common.utils on lazytensor (lazytensor.compat.pykeops_common).",
+                   c_type=dict(c.C_TYPE), axis2cat=c.axis2cat, cat2axis=c.cat2axis,
+                   get_tools=c.get_tools, WarmUpGpu=c.warm_up, max_tuple=c.max_tuple,
+                   check_broadcasting=c.check_broadcasting, pyKeOps_Print=u.pyKeOps_Print,
+                   pyKeOps_Message=u.pyKeOps_Message, pyKeOps_Warning=u.pyKeOps_Warning)
+
+
+def _gpu_utils(name: str) -> ModuleType:
+    from . import pykeops_utils as u
+
+    return _module(name, "pykeops.common.gpu_utils on lazytensor.", get_gpu_number=u.get_gpu_number)
+
+
+def _numpy_utils(name: str) -> ModuleType:
+    from . import pykeops_utils as u
+
+    names = ("numpytools", "squared_distances", "differences", "np_kernel_sphere", "np_kernel",
+             "log_np_kernel", "grad_np_kernel", "chain_rules", "log_sum_exp")
+    return _module(name, "pykeops.numpy.utils on lazytensor (lazytensor.compat.pykeops_utils).",
+                   WarmUpGpu=u.numpy_warm_up, Genred=u._Genred, KernelSolve=u._KernelSolve,
+                   np_swap_axes=u._swap_axes, **{n: getattr(u, n) for n in names})
+
+
+def _torch_utils(name: str) -> ModuleType:
+    from . import pykeops_torch_utils as t
+
+    return _module(name, "pykeops.torch.utils on lazytensor (lazytensor.compat.pykeops_torch_utils).",
+                   Genred=t._Genred, KernelSolve=t._KernelSolve, torch_swap_axes=t._swap_axes,
+                   **{n: getattr(t, n) for n in t.__all__})
 
 
 # ---------------------------------------------------------------------------- keopscore
@@ -304,5 +349,10 @@ for _lib in ("torch", "numpy"):
     BUILDERS[f"pykeops.{_lib}.operations"] = _operations
     BUILDERS[f"pykeops.{_lib}.generic"] = _generic
     BUILDERS[f"pykeops.{_lib}.lazytensor"] = _lazytensor_module
+BUILDERS["pykeops.numpy.utils"] = _numpy_utils
+BUILDERS["pykeops.torch.utils"] = _torch_utils
+BUILDERS["pykeops.common"] = _common
+BUILDERS["pykeops.common.utils"] = _common_utils
+BUILDERS["pykeops.common.gpu_utils"] = _gpu_utils
 
-PACKAGES = frozenset({"pykeops", "pykeops.torch", "pykeops.numpy", "keopscore"})
+PACKAGES = frozenset({"pykeops", "pykeops.torch", "pykeops.numpy", "pykeops.common", "keopscore"})

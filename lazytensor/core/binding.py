@@ -32,19 +32,33 @@ def array_dtype(x) -> str:
     return str(np.asarray(x).dtype) if not isinstance(x, np.ndarray) else str(x.dtype)
 
 
+@dataclass(frozen=True)
+class Slot:
+    """The data of a symbolic variable (pykeops's ``Vi(index, dim)``): argument ``index``
+    of the call, bound when the reduction is called (:mod:`lazytensor.api.symbolic`).
+
+    >>> Variable(Slot(0), "i", 3).describe()
+    'i-variable (symbolic: argument 0 of the call, dimension 3)'
+    """
+
+    index: int
+
+
 @dataclass(eq=False)
 class Variable:
     """One bound variable: data in canonical form, category, vector dimension."""
 
-    data: object  # numpy array, torch tensor, or Python float (a scalar parameter)
+    data: object  # numpy array, torch tensor, Python float (a scalar parameter), or Slot
     cat: str
     dim: int
     label: str = ""
     io_dtype: str = ""  # "float16"/"bfloat16": half data held as float32 (lazytensor.core.half)
-    is_scalar: bool = field(init=False, repr=False)  # a Python number (read on every call)
+    # no array of its own: a Python number, or a Slot (whose array comes at call time, so
+    # that shapes, dtypes and batch dimensions skip it as they skip numbers)
+    is_scalar: bool = field(init=False, repr=False)  # (read on every call)
 
     def __post_init__(self):
-        self.is_scalar = isinstance(self.data, (int, float))
+        self.is_scalar = isinstance(self.data, (int, float, Slot))
 
     @property
     def shape(self) -> tuple:
@@ -63,6 +77,9 @@ class Variable:
     def describe(self, k: int | None = None) -> str:
         where = f"argument {k} " if k is not None else ""
         name = f" '{self.label}'" if self.label else ""
+        if isinstance(self.data, Slot):
+            return (f"{where}{CAT_NAMES[self.cat]}{name} (symbolic: argument {self.data.index} "
+                    f"of the call, dimension {self.dim})")
         if self.is_scalar:
             return f"{where}{CAT_NAMES[self.cat]}{name} (Python scalar {self.data!r})"
         return (f"{where}{CAT_NAMES[self.cat]}{name} (shape {self.shape}, "

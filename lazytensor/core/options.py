@@ -35,7 +35,43 @@ IGNORED_OPTIONS = ("enable_chunks", "use_fast_math", "optional_flags", "device_i
                    "rec_multVar_highdim")
 
 ACCURACY_OPTIONS = ("dtype_acc", "use_double_acc", "sum_scheme")
+ACCUMULATORS = ("auto", "float16", "float32", "float64")  # dtype_acc, as pykeops spells it
 SUM_SCHEMES = ("auto", "direct_sum", "block_sum", "kahan_scheme")
+
+
+def integer_option(value, name: str, where: str, low: int | None = None) -> int:
+    """``value`` as a Python int, for an option that takes an integer (``K``, ``dim``,
+    ``device_id``, ...): ints, NumPy integers and 0-d integer arrays or tensors (torchdr
+    passes ``K=torch.tensor(90)``). Floats (even integral ones), booleans and arrays of
+    several values are refused, naming the option; ``low`` is the smallest value allowed.
+
+    >>> import numpy as np
+    >>> integer_option(np.int64(3), "K", "argKmin"), integer_option(np.array(2), "K", "argKmin")
+    (3, 2)
+    >>> integer_option(3.0, "K", "argKmin")
+    Traceback (most recent call last):
+    ...
+    ValueError: argKmin: K must be an integer, got 3.0 (float)
+    """
+    kind = ("a positive integer" if low == 1 else "an integer" if low is None
+            else f"an integer >= {low}")
+    v = value
+    if not isinstance(v, numbers.Integral) and hasattr(v, "dtype") and hasattr(v, "shape"):
+        dtype = str(v.dtype).replace("torch.", "")
+        if tuple(v.shape) != ():
+            raise ValueError(f"{where}: {name} must be {kind}, got an array of shape "
+                             f"{tuple(v.shape)} (dtype {dtype})")
+        if not dtype.startswith(("int", "uint")):
+            raise ValueError(f"{where}: {name} must be {kind}, got a 0-d array of dtype "
+                             f"{dtype} ({v.item()!r})")
+        v = v.item()
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise ValueError(f"{where}: {name} must be {kind}, got {value!r} "
+                         f"({type(value).__name__})")
+    v = int(v)
+    if low is not None and v < low:
+        raise ValueError(f"{where}: {name} must be {kind}, got {v}")
+    return v
 
 
 def keops_backend(backend) -> str:
@@ -58,14 +94,10 @@ def gpu_options(backend, device_id=None, use_fast_math=None) -> tuple:
     ('cuda:1', {})
     """
     backend = keops_backend(backend)
-    if device_id is not None and not isinstance(device_id, bool) and \
-            isinstance(device_id, numbers.Integral) and device_id >= 0 and \
-            backend in ("cuda", "gpu"):
-        backend = f"cuda:{int(device_id)}"
-    elif device_id is not None and not (isinstance(device_id, numbers.Integral)
-                                        and not isinstance(device_id, bool)):
-        raise ValueError(f"device_id must be an integer (-1: the default device), got "
-                         f"{device_id!r}")
+    if device_id is not None:
+        device_id = integer_option(device_id, "device_id (-1: the default device)", "backend")
+        if device_id >= 0 and backend in ("cuda", "gpu"):
+            backend = f"cuda:{device_id}"
     return backend, ({"use_fast_math": True} if use_fast_math is True else {})
 
 
@@ -94,8 +126,9 @@ def reduction_options(reduction: str, dtype_acc="auto", use_double_acc=False,
     if dtype_acc == "auto" and sum_scheme == "auto" and not use_double_acc:
         return {}  # nothing asked (the usual call): nothing to check
     opts = {}
-    if dtype_acc not in ("auto", "float32", "float64"):
-        raise ValueError(f"dtype_acc must be 'auto', 'float32' or 'float64', got {dtype_acc!r}")
+    if dtype_acc not in ACCUMULATORS:
+        raise ValueError(f"dtype_acc must be 'auto', 'float16', 'float32' or 'float64' (as "
+                         f"pykeops), got {dtype_acc!r}")
     if use_double_acc:
         if dtype_acc != "auto":
             raise ValueError(f"set either use_double_acc=True or dtype_acc={dtype_acc!r}, not both")
@@ -119,6 +152,35 @@ def reduction_options(reduction: str, dtype_acc="auto", use_double_acc=False,
     return opts
 
 
+# the accumulators pykeops allows for each data dtype ("auto": the data's own)
+_ACC_FOR_DATA = {"float16": ("float16", "float32"), "float32": ("float32", "float64"),
+                 "float64": ("float64",)}
+
+
+def accumulator_for_data(opts: dict, dtype: str, io_dtype: str = "") -> dict:
+    """``opts`` with ``dtype_acc`` checked against the data, as pykeops: float16 data
+    accumulates in float16 or float32, float32 data in float32 or float64, float64 data in
+    float64. Half data computes in float32 here (:mod:`lazytensor.core.half`), so its
+    ``"float16"`` accumulator is a float32 one: at least as accurate as pykeops's half2.
+    (bfloat16, which pykeops does not take, is allowed what float16 is.)
+
+    >>> accumulator_for_data({"dtype_acc": "float16"}, "float32", "float16")
+    {'dtype_acc': 'float32'}
+    """
+    acc = opts.get("dtype_acc")
+    if acc is None:
+        return opts
+    data = "float16" if io_dtype in ("float16", "bfloat16") else dtype
+    allowed = _ACC_FOR_DATA.get(data, ())
+    if acc not in allowed:
+        rules = "; ".join(f"{d} data: {' or '.join(a)}" for d, a in _ACC_FOR_DATA.items())
+        raise ValueError(f"dtype_acc={acc!r} does not apply to {io_dtype or dtype} data (as in "
+                         f"pykeops, the accumulator is the data's dtype or wider: {rules})")
+    if acc == "float16":
+        return {**opts, "dtype_acc": "float32"}
+    return opts
+
+
 def keops_reduction(reduction_op: str, opt_arg=None, formula2=None) -> tuple[str, dict]:
     """``(our reduction name, options)`` for a pykeops reduction name (any case,
     ``_Reduction`` suffix allowed: "Sum", "ArgKMin" with ``opt_arg`` K, "LogSumExp" with
@@ -137,9 +199,9 @@ def keops_reduction(reduction_op: str, opt_arg=None, formula2=None) -> tuple[str
                          f"{', '.join(r.keops_name for r in named)}")
     name, opts = red.name, {}
     if red.needs_k:
-        if isinstance(opt_arg, bool) or not isinstance(opt_arg, numbers.Integral) or opt_arg < 1:
-            raise ValueError(f"{reduction_op} needs opt_arg=K, a positive integer; got {opt_arg!r}")
-        opts["K"] = int(opt_arg)
+        if opt_arg is None:
+            raise ValueError(f"{reduction_op} needs opt_arg=K, a positive integer; got None")
+        opts["K"] = integer_option(opt_arg, "opt_arg (K)", reduction_op, low=1)
     if formula2 is not None and not (red.weighted or red.weighted_variant):
         takers = [r.keops_name for r in named if r.weighted or r.weighted_variant]
         raise ValueError(f"formula2 is only used by {' and '.join(takers)}, not {reduction_op}")
@@ -164,7 +226,10 @@ def split_reduction_keywords(reduction: str, backend, kw: dict, opts: dict | Non
     backend, gpu = gpu_options(backend, kw.pop("device_id", None), kw.pop("use_fast_math", None))
     for k in IGNORED_OPTIONS:
         kw.pop(k, None)
-    opts = {**(opts or {}), **reduction_options(reduction, **acc), **gpu}
+    opts = dict(opts or {})
+    if "K" in opts:  # argKmin(K=torch.tensor(90)): a 0-d integer tensor is an integer
+        opts["K"] = integer_option(opts["K"], "K", reduction, low=1)
+    opts = {**opts, **reduction_options(reduction, **acc), **gpu}
     return backend, opts, kw
 
 

@@ -34,9 +34,10 @@ import numpy as np
 
 from ..codegen import ir, reductions
 from ..core import backend as backends
+from ..core import half
 from ..core.binding import bind
 from ..core.call import ReductionCall, execute, scalar_array
-from ..core.options import check_grad_mode, default_grad_mode
+from ..core.options import accumulator_for_data, check_grad_mode, default_grad_mode
 
 PLAN_CACHE_SIZE = 4096
 
@@ -159,7 +160,7 @@ def _plan_key(formula, variables, reduction, axis, opts, backend, grad_mode, ran
     """The key of a call's plan, or None when something in it cannot be hashed."""
     try:
         vk = tuple((v.cat, v.dim) if v.is_scalar else
-                   (v.cat, v.dim, type(v.data), v.data.dtype, v.data.shape,
+                   (v.cat, v.dim, type(v.data), v.data.dtype, v.io_dtype, v.data.shape,
                     getattr(v.data, "device", None), getattr(v.data, "requires_grad", False))
                    for v in variables)
         key = (formula, reduction, axis, tuple(opts.items()) if opts else (), backend, vk,
@@ -244,6 +245,7 @@ def bound_call(formula: ir.Node, variables: list, reduction: str, axis: int, opt
         raise ValueError(f"{red.name}: the formula {ir.to_text(formula, limit=80)} has no variables, "
                          "so nothing is indexed by i or j; reduce a formula of Vi/Vj/Pm variables")
     sig = bind(variables)
+    opts = accumulator_for_data(opts, sig.dtype, half.output_dtype(variables))
     cats = [v.cat for v in variables]
     dims = [v.dim for v in variables]
     N, M = sig.N, sig.M

@@ -301,9 +301,19 @@ def softplus(x: LazyTensor, beta=1.0, threshold=20.0) -> LazyTensor:
     return out if threshold == 20 else where(z > threshold, x, out)
 
 
+def arithmetic(name: str, input, a, b):
+    """``a name b`` (add, sub, mul, div) for ``a, b = lazy_args(input, other)``: when
+    ``input`` is not a LazyTensor (``torch.add(t, K)``, ``t * K``), the formula of the
+    reflected operator (``K.__radd__(t)``: K's variables first, as pykeops numbers them)."""
+    if not isinstance(input, LazyTensor) and name in ("add", "sub", "mul", "div"):
+        return b._rop(name, a)
+    return a._op(name, b)
+
+
 def divide(a, b, rounding_mode=None):
+    input = a
     a, b = lazy_args(a, b)
-    q = a / b
+    q = arithmetic("div", input, a, b)
     if rounding_mode is None:
         return q
     if rounding_mode == "floor":

@@ -51,19 +51,19 @@ def _complex_part(name: str, real_value):
 def _binary(op: str):
     def rule(input, other):
         a, b = lazy_args(input, other)
-        return a._op(op, b)
+        return rules.arithmetic(op, input, a, b)
 
     return rule
 
 
 def _add(input, other, alpha=1):
     a, b = lazy_args(input, other)
-    return a + (b if alpha == 1 else b * alpha)
+    return rules.arithmetic("add", input, a, b if alpha == 1 else b * alpha)
 
 
 def _sub(input, other, alpha=1):
     a, b = lazy_args(input, other)
-    return a - (b if alpha == 1 else b * alpha)
+    return rules.arithmetic("sub", input, a, b if alpha == 1 else b * alpha)
 
 
 def _relu(input, inplace=False):

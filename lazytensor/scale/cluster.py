@@ -38,16 +38,25 @@ __all__ = [
 ]
 
 
-def grid_cluster(x, size):
+def grid_cluster(x, size, anchor: str = "min"):
     """Labels in ``[0, C)`` of the cubic cells of side ``size`` (a number, or one per
     dimension) that hold the points ``x`` (N, D); cells are numbered in lexicographic
     order of their grid coordinates, empty cells get no label.
 
+    ``anchor`` places the grid: ``"min"`` (pykeops.torch's) puts a cell corner at the
+    points' minimum, ``floor((x - x.min(0)) / size)``; ``"origin"`` (pykeops.numpy's) at
+    0, ``floor(x / size)``. The pykeops alias gives each of its two modules its own.
+
     >>> grid_cluster(np.array([[0.0], [0.1], [0.9], [0.05], [0.5]]), 0.2).tolist()
     [0, 0, 2, 0, 1]
+    >>> x = np.array([[0.07], [0.12], [0.13], [0.26]])
+    >>> grid_cluster(x, 0.1).tolist(), grid_cluster(x, 0.1, anchor="origin").tolist()
+    ([0, 0, 0, 1], [0, 1, 1, 2])
     """
     if x.ndim != 2:
         raise ValueError(f"grid_cluster: x must have shape (N, D), got {tuple(x.shape)}")
+    if anchor not in ("min", "origin"):
+        raise ValueError(f"grid_cluster: anchor must be 'min' or 'origin', got {anchor!r}")
     if is_torch(x):
         import torch
 
@@ -55,9 +64,10 @@ def grid_cluster(x, size):
             size_t = torch.as_tensor(size, dtype=x.dtype, device=x.device)
             if torch.any(size_t <= 0):
                 raise ValueError(f"grid_cluster: size must be positive, got {size!r}")
-            cells = torch.floor((x - x.min(0).values) / size_t).long()
-            if cells.shape[0] == 0:
+            if x.shape[0] == 0:
                 return torch.zeros(0, dtype=torch.int64, device=x.device)
+            corner = x.min(0).values if anchor == "min" else 0
+            cells = torch.floor((x - corner) / size_t).long()
             _, labels = torch.unique(cells, dim=0, return_inverse=True)
         return labels
     size_a = np.asarray(size, dtype=np.float64)
@@ -66,14 +76,32 @@ def grid_cluster(x, size):
     x = np.asarray(x)
     if x.shape[0] == 0:
         return np.zeros(0, dtype=np.int64)
-    cells = np.floor((x - x.min(0)) / size_a).astype(np.int64)
+    corner = x.min(0) if anchor == "min" else 0
+    cells = np.floor((x - corner) / size_a).astype(np.int64)
     _, labels = np.unique(cells, axis=0, return_inverse=True)
     return labels.reshape(-1).astype(np.int64)
 
 
+def grid_cluster_at_origin(x, size):
+    """pykeops.numpy.cluster's ``grid_cluster``: the grid anchored at 0,
+    ``floor(x / size)`` (:func:`grid_cluster` with ``anchor="origin"``).
+
+    >>> grid_cluster_at_origin(np.array([[0.07], [0.12], [0.13], [0.26]]), 0.1).tolist()
+    [0, 1, 1, 2]
+    """
+    return grid_cluster(x, size, anchor="origin")
+
+
 def sort_clusters(x, labels):
-    """``(x sorted by label, sorted labels)``, the order within a cluster kept; ``x`` may be
-    one array or a tuple/list of arrays with the same rows (sorted alike)."""
+    """``(x sorted by label, sorted labels)``; ``x`` may be one array or a tuple/list of
+    arrays with the same rows (sorted alike).
+
+    The sort is stable: inside a cluster the points keep their order (pykeops leaves that
+    order unspecified), so equal labels give the same result on NumPy, torch and every run.
+
+    >>> sort_clusters(np.array([10.0, 11.0, 12.0, 13.0]), np.array([1, 0, 1, 0]))
+    (array([11., 13., 10., 12.]), array([0, 0, 1, 1]))
+    """
     if is_torch(labels):
         import torch
 
