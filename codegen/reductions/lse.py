@@ -471,6 +471,58 @@ class MaxSumShiftExp(_LSEBase):
         return [namespace_of(state[0]).concat(list(state))]
 
 
+@register
+class MaxSumShiftExpWeight(_LSEBase):
+    """(m, s) with m = max_j f and s = Σ_j exp(f - m) w_j: KeOps's Max_SumShiftExpWeight.
+
+    For the formula ``concat(f, w)``, f scalar and w of dimension E
+    (``K.max_sumshiftexpweight(w, dim=1)``, pykeops's ``Max_SumShiftExpWeight`` with
+    ``formula2=w``): one ``(N, 1 + E)`` output, m then s; ``m + log(s)`` is the weighted
+    log-sum-exp. No gradient (as Max_SumShiftExp: differentiate the log-sum-exp instead).
+
+    >>> f = np.array([[[0.0], [4.0]], [[1.0], [1.0]], [[9.0], [1.0]]])  # (N, M, 1) = (3, 2, 1)
+    >>> w = np.broadcast_to([[1.0], [2.0]], f.shape)
+    >>> [out.round(4).tolist() for out in MaxSumShiftExpWeight().ref(np.concatenate([f, w], -1), {})]
+    [[[4.0, 2.0183], [1.0, 3.0], [9.0, 1.0007]]]
+    """
+
+    name = "max_sumshiftexp_weight"
+    keops_name = "Max_SumShiftExpWeight"
+    aliases = ("max_sumshiftexpweight",)
+    weighted = True
+    grad_block_runs = ()
+    method = "max_sumshiftexpweight"
+    method_doc = """\
+    ``(m, s)`` with ``m = max_j f`` and ``s = Σ_j exp(f - m) weight_j`` for a scalar formula
+    f, side by side: shape ``(N, 1 + E)`` for ``dim=1`` and a weight of dimension E
+    (pykeops's ``Max_SumShiftExpWeight``; ``m + log(s)`` is ``logsumexp(weight=)``).
+
+    >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
+    >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
+    >>> D.max_sumshiftexpweight(Vj(np.array([[1.0], [2.0]])), dim=1).round(4).tolist()
+    [[4.0, 2.0183], [1.0, 3.0], [9.0, 1.0007]]
+    """
+
+    def outputs(self, F: int, opts: dict) -> list[Output]:
+        return [Output(F, "value", float("nan"))]
+
+    def n_sums(self, F: int) -> int:
+        return F - 1
+
+    def weight_code(self) -> str:
+        return "{f}[(1 + c) * {stride} + {jj}]"
+
+    def writes(self, F: int) -> str:
+        return (f"{{ T* o = (T*)outs[0] + row * {F}; o[0] = (T)m; "
+                f"for (int k = 0; k < {F - 1}; ++k) o[1 + k] = (T)s[k]; }}")
+
+    def weights(self, values: Array) -> Array:
+        return values[..., 1:]
+
+    def finalize(self, state: list, opts: dict) -> list:
+        return [namespace_of(state[0]).concat(list(state))]
+
+
 def _weight(f: ir.Node, lse: ir.Node, limits: bool) -> ir.Node:
     """The softmax weight ``exp(f - lse)`` of the gradients (op ``softmax_weight``: f
     evaluated as the forward stored it; ``limits``: 1 at +inf where lse is +inf)."""
