@@ -17,11 +17,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from lazytensor import LazyTensor, Vi, Vj
 from lazytensor.codegen import reductions
 from lazytensor.codegen.reductions.base import PAIRS, TILES
 from lazytensor.codegen.render_c import ACC_HOOKS
+
+from lazytensor import LazyTensor, Vi, Vj
 from lazytensor.scale import merge
 
 ROOT = Path(__file__).resolve().parents[1]

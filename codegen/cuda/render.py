@@ -119,7 +119,7 @@ def render_cuda_kernel(formula, var_specs, reduction: str, opts: dict, dtype: st
 
 
 class CudaRenderer(CRenderer):
-    """CUDA C++ for nvcc: the shared pieces, the CUDA accumulators, the kernel schemes.
+    """CUDA C++ for nvcc: the shared pieces, the records' PAIRS accumulators, the schemes.
 
     - ``functions``: none of its own, libm's names (nvcc maps them to its intrinsics
       under fast math); ``storage``: none (a wide formula is chunked instead, :mod:`.chunks`);

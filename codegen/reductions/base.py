@@ -8,9 +8,13 @@ take ``F = concat(f, w)`` with ``f`` scalar) and carries:
   (``name``, pykeops's ``keops_name``, ``aliases``) and options (``needs_k``,
   ``weighted``, ``weighted_variant``, ``sum_type``, ``sum_schemes``, the accumulator
   dtype rule :meth:`Reduction.acc_dtype`);
-- its C hooks: :meth:`Reduction.acc_code` emits ``struct Acc`` with ``init``,
-  ``push(f, j)``, ``tile(fb, nj, j0)`` (a tile of terms ``fb[c*TJ + jj]``, the CPU fast
-  path; :meth:`Reduction.lanes_add` when tiles may be added lane by lane first), ``merge`` (two partial accumulators) and ``write`` (one row's outputs);
+- its accumulator: :meth:`Reduction.accumulator` describes ``struct Acc`` (an
+  :class:`Accumulator`: helpers, state, hooks ``init``, ``push``, ``tile``, ``flush``,
+  ``merge`` of two partial accumulators, ``write`` of one row's outputs) in the form a
+  renderer asks for: :data:`TILES` (the CPU's: ``tile(fb, nj, j0)`` takes a tile of terms
+  ``fb[c*TJ + jj]``; :meth:`Reduction.lanes_add` when tiles may be added lane by lane
+  first) or :data:`PAIRS` (the GPU's: the pairs one at a time, the state in registers);
+  every renderer assembles it with :meth:`Accumulator.struct`;
 - its reference at array level: :meth:`Reduction.partial` (the state of the
   accumulator over a range of j), :meth:`Reduction.merge` (two states over disjoint
   ranges of j, NumPy or torch), :meth:`Reduction.finalize` (the outputs) and
@@ -19,10 +23,17 @@ take ``F = concat(f, w)`` with ``f`` scalar) and carries:
   through the saved indices, None), ``arg_variant`` (the reduction that also returns the
   indices), and for dual mode ``fusable``, :meth:`Reduction.dual` and
   :meth:`Reduction.dual_outputs`;
-- ``wide``: the form the CPU backend's weighted sums of j-vectors take for it.
+- its merge over blocks of the reduced axis (split-j, ranks, Dask chunks; run by
+  :mod:`lazytensor.scale.merge`): ``block_runs`` on each block, :meth:`Reduction.from_block`,
+  :meth:`Reduction.merge`, :meth:`Reduction.block_outputs`, the state's
+  :meth:`Reduction.state_layout`, and for gradients ``grad_block_runs`` and
+  :meth:`Reduction.to_block`;
+- ``wide``: the form the backends' weighted sums of j-vectors take for it (None: none);
+- its ``LazyTensor`` method: ``method`` (pykeops's spelling), ``vector_op`` (what the
+  call without dim builds), ``method_doc``.
 
-Adding a reduction is one subclass registered with :func:`register`, and its case in
-``tests/test_reductions.py`` (see CONTRIBUTING.md).
+Adding a reduction is one subclass registered with :func:`register`, and its test case
+(see CONTRIBUTING.md).
 """
 
 from __future__ import annotations
@@ -50,7 +61,8 @@ SIGNATURES = {
     "push": "LT_HD LT_INLINE void push(const T* {f}, int64_t j)",
     "flush": "LT_HD LT_INLINE void flush()",
     "tile": {TILES: "LT_INLINE void tile(const T* fb, int nj, int64_t j0)",
-             PAIRS: "template <class Eval>\n  LT_HD LT_INLINE void tile(Eval&& eval, int nj, int64_t j0)"},
+             PAIRS: "template <class Eval>\n"
+                    "  LT_HD LT_INLINE void tile(Eval&& eval, int nj, int64_t j0)"},
     "merge": "LT_HD LT_INLINE void merge(const Acc& o)",
     "write": "LT_HD LT_INLINE void write(void* const* outs, int64_t row) const",
 }

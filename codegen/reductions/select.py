@@ -19,8 +19,18 @@ from __future__ import annotations
 import numpy as np
 
 from ..arraymath import namespace_of
-from .base import (PAIRS, TILES, Accumulator, Array, Hook, Output, Reduction, register, unrolled,
-                   write_code)
+from .base import (
+    PAIRS,
+    TILES,
+    Accumulator,
+    Array,
+    Hook,
+    Output,
+    Reduction,
+    register,
+    unrolled,
+    write_code,
+)
 
 BETTER_CODE = """
 // (a, ia) replaces (b, ib)? ib < 0 marks an empty slot. NaN counts as the best value
@@ -368,7 +378,7 @@ class _KSelect(Reduction):
             writes.append(write_code(0, "value", K * F, f"v[(k % {F}) * {K} + k / {F}]"))
         if self.with_index:
             writes.append(write_code(len(writes), "index", K * F, f"i[(k % {F}) * {K} + k / {F}]"))
-        state = f"T v[{F * K}]; int64_t i[{F * K}];  // per component c: v[c*K .. c*K+K) sorted, best first"
+        state = f"T v[{F * K}]; int64_t i[{F * K}];   // per component c: v[c*K .. c*K+K) sorted best first"
         init = f"for (int k = 0; k < {F * K}; ++k) {{ v[k] = {init_v}; i[k] = -1; }}"
         write = Hook("write", f"{{ {' '.join(writes)} }}")
         if form == PAIRS:

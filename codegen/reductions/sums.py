@@ -18,8 +18,18 @@ import numpy as np
 from .. import ir
 from ..arraymath import namespace_of
 from ..compositions import concat
-from .base import (PAIRS, TILES, Accumulator, Array, Hook, Output, Reduction, register, unrolled,
-                   write_code)
+from .base import (
+    PAIRS,
+    TILES,
+    Accumulator,
+    Array,
+    Hook,
+    Output,
+    Reduction,
+    register,
+    unrolled,
+    write_code,
+)
 
 
 def _add(scheme: str, x: str) -> str:
