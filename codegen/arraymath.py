@@ -45,6 +45,9 @@ def numpy_namespace() -> SimpleNamespace:
         asarray=lambda v, like: np.asarray(v, dtype=like.dtype),
         take_along=np.take_along_axis,
         stack=lambda arrays, axis: np.stack(arrays, axis=axis),
+        cat=lambda arrays, axis: np.concatenate(arrays, axis=axis),
+        float64=lambda a: np.asarray(a, dtype=np.float64),
+        full=lambda shape, value, like: np.full(shape, value, dtype=like.dtype),
         pi=math.pi,
         name="numpy",
     )
@@ -77,6 +80,10 @@ def torch_namespace() -> SimpleNamespace:
         asarray=lambda v, like: torch.as_tensor(v, dtype=like.dtype, device=like.device),
         take_along=lambda a, index, axis: torch.gather(a, axis, index),
         stack=lambda arrays, axis: torch.stack(arrays, dim=axis),
+        cat=lambda arrays, axis: torch.cat(arrays, dim=axis),
+        float64=lambda a: a.to(torch.float64),
+        full=lambda shape, value, like: torch.full(shape, value, dtype=like.dtype,
+                                                   device=like.device),
         pi=math.pi,
         name="torch",
     )

@@ -194,12 +194,14 @@ class CRenderer:
     - ``storage`` (table): where node values too large for the stack go (None: all stay);
     - :meth:`prelude_defs` (hook): what the backend adds to the prelude after ``T``, ``TA``;
     - :meth:`acc_dtype` and :meth:`accumulator` (hooks): the accumulator's dtype and the C
-      text of its ``struct Acc``, whose hooks (:data:`ACC_HOOKS`) the skeleton calls.
+      text of its ``struct Acc``, whose hooks (:data:`ACC_HOOKS`) the skeleton calls,
+      assembled from the reduction record's description of the form ``acc_form``.
 
     A renderer is made per kernel dtype; the backends add their skeleton (``kernel``).
     """
 
     name = "c"
+    acc_form = reductions.base.TILES  # tiles of terms in a buffer (codegen.reductions.base)
     functions: dict = {}
     storage: footprint.Storage | None = None
 
@@ -217,9 +219,10 @@ class CRenderer:
         return reductions.get(reduction).acc_dtype(self.dtype, opts)
 
     def accumulator(self, formula: ir.Node, reduction: str, opts: dict) -> str:
-        """The C text of the reduction's ``struct Acc`` for ``formula``'s values."""
+        """The C text of the reduction's ``struct Acc`` for ``formula``'s values: the
+        record's accumulator description of this renderer's ``acc_form``, assembled."""
         red = reductions.get(reduction)
-        return red.acc_code(formula.dim, opts)
+        return red.accumulator(formula.dim, opts, self.acc_form).struct(self.acc_form)
 
     # ------------------------------------------------------------------ pieces
     def prelude(self, acc_dtype: str) -> str:

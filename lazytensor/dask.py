@@ -136,8 +136,7 @@ def _trace(formula, args, reduction):
     """The formula's IR and, per variable, its source (argument or fixed value)."""
     probes = [_probe(a, k) for k, a in enumerate(args)]
     built = formula(*probes)
-    weighted = reductions.get(reduction).name in ("logsumexp_weight", "sumsoftmaxweight")
-    if weighted:
+    if reductions.get(reduction).weighted:
         if not (isinstance(built, tuple) and len(built) == 2):
             raise TypeError(f"reduce: with reduction={reduction!r} the formula must return "
                             "(f, weight): a scalar LazyTensor and the weight's LazyTensor")
@@ -165,7 +164,7 @@ def reduce(formula, *args, reduction: str = "sum", dim: int = 1, K: int | None =
     """``reduction`` over ``dim`` of ``formula(*args)`` for Dask arrays ``args``.
 
     ``formula`` builds a LazyTensor from its arguments (``lambda x, y: Vi(x).sqdist(Vj(y))``;
-    for ``logsumexp_weight`` and ``sumsoftmaxweight`` it returns ``(f, weight)``).
+    for a weighted reduction (``logsumexp_weight``, ``sumsoftmaxweight`` ...) it returns ``(f, weight)``).
     ``args``: 2D Dask or NumPy arrays (rows, dim), 1D ones for parameters. ``K`` for
     the K-min reductions; ``sum_scheme`` / ``dtype_acc`` as for :meth:`LazyTensor.sum`.
     Returns a Dask array (a tuple of two for ``min_argmin``, ``kmin_argkmin`` ...) whose

@@ -36,7 +36,7 @@ VECTOR_OK = {
     "argkmin",
     "kmin_argkmin",
 }
-WEIGHTED = {"logsumexp_weight", "sumsoftmaxweight"}
+WEIGHTED = {"logsumexp_weight", "sumsoftmaxweight", "max_sumshiftexp_weight"}
 ALL = sorted(VECTOR_OK | WEIGHTED | {"logsumexp", "max_sumshiftexp"})
 
 
@@ -80,6 +80,8 @@ def run(name, F, dim, w=None, backend="cpu", **kw):
         return F.logsumexp(dim=dim, weight=w, backend=backend, **kw)
     if name == "sumsoftmaxweight":
         return F.sumsoftmaxweight(w, dim=dim, backend=backend, **kw)
+    if name == "max_sumshiftexp_weight":
+        return F.max_sumshiftexpweight(w, dim=dim, backend=backend, **kw)
     return getattr(F, name)(dim=dim, backend=backend, **kw)
 
 
@@ -111,17 +113,23 @@ def dense(name, V, W=None):
         return [m[..., 0, :] + np.log((e * W).sum(-2))]
     if name == "sumsoftmaxweight":
         return [(e * W).sum(-2) / e.sum(-2)]
+    if name == "max_sumshiftexp_weight":
+        return [np.concatenate([m[..., 0, :], (e * W).sum(-2)], -1)]
     raise AssertionError(name)
 
 
 def scale(name, V, W=None):
     """Magnitude that the error of each output is relative to."""
-    V = np.abs(np.asarray(V, dtype=np.float64))
+    V0, V = V, np.abs(np.asarray(V, dtype=np.float64))
     if name == "sum":
         return V.sum(-2)
     big = V.max(-2) + 1.0
     if name == "max_sumshiftexp":  # (max, sum of exp(f - max)): the sum on its own scale
         return np.concatenate([big, np.exp(V - V.max(-2, keepdims=True)).sum(-2)], -1)
+    if name == "max_sumshiftexp_weight":  # (max, Σ exp(f - max) |w|), f signed
+        f = np.asarray(V0, dtype=np.float64)
+        e = np.exp(f - f.max(-2, keepdims=True))
+        return np.concatenate([big, (e * np.abs(W)).sum(-2)], -1)
     if name in WEIGHTED:
         return big + np.abs(W).max(-2)
     return big
@@ -549,6 +557,7 @@ def test_many_columns_few_rows_split_j(name, rng, monkeypatch):
         "logsumexp_weight",
         "sumsoftmaxweight",
         "max_sumshiftexp",
+        "max_sumshiftexp_weight",
     ):
         # float32 accumulators over 200000 terms: a looser bound than for 257 terms
         outs = list(res) if isinstance(res, tuple) else [res]

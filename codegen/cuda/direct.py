@@ -2,7 +2,7 @@
 
 One thread per row; narrow i-variables in registers; each tile of j-rows is copied,
 coalesced, into dynamic shared memory and read by every thread as broadcasts; the
-accumulator takes the tile through ``Acc::tile`` (see :mod:`.accumulators`).
+accumulator (the record's PAIRS form) takes the tile through ``Acc::tile``.
 """
 
 from __future__ import annotations

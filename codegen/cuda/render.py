@@ -3,7 +3,8 @@
 The renderer is the base C renderer (:mod:`lazytensor.codegen.render_c`) with the CUDA
 accumulator as its hook. One ``.cu`` per kernel holds, in ``namespace <name>``, the
 per-pair formula (``lt_formula``, the same emission as the CPU kernel's), a CUDA ``Acc``
-(:mod:`.accumulators`) and two ``extern "C"`` kernels:
+(the reduction record's accumulator of the PAIRS form, see
+:mod:`lazytensor.codegen.reductions.base`) and two ``extern "C"`` kernels:
 
 ``<name>_reduce(LtArgs a)``
     One thread per row i, ``blockDim.x`` rows per block; block ``blockIdx.x`` covers
@@ -53,7 +54,6 @@ from .. import reductions
 from ..linearize import wide_sum
 from ..render_c import CRenderer, VarSpec
 from . import TUNING
-from .accumulators import acc_code
 from .chunked import chunk_smem, chunked_kernel
 from .chunks import ChunkedSums, plan_chunks
 from .direct import direct_kernel
@@ -78,12 +78,9 @@ def _chunk_plan(formula, var_specs) -> ChunkedSums | None:
 
 def _wide_plan(formula, reduction: str, opts: dict):
     """The weighted-sum form of a wide Sum (``K @ V``) or softmax-weighted sum, or None."""
-    if reduction not in _WIDE_REDUCTIONS or opts.get("sum_scheme") == "kahan_scheme":
+    if reductions.get(reduction).wide is None or opts.get("sum_scheme") == "kahan_scheme":
         return None
     return wide_sum(formula, reduction, TUNING)
-
-
-_WIDE_REDUCTIONS = ("sum", "sumsoftmaxweight", "logsumexp_weight")
 
 
 def kernel_layout(formula, var_specs, reduction: str, opts: dict, dtype: str) -> dict:
@@ -110,10 +107,6 @@ def _n_outputs(formula, reduction, opts) -> int:
     return len(reductions.get(reduction).outputs(formula.dim, opts))
 
 
-def _acc_dtype(reduction: str, opts: dict, dtype: str) -> str:
-    return opts.get("dtype_acc") or ("float64" if reduction == "sum" else dtype)
-
-
 def render_cuda_kernel(formula, var_specs, reduction: str, opts: dict, dtype: str,
                        name: str = "lt", ranged: bool = False) -> str:
     """Complete CUDA source of ``<name>_reduce`` and ``<name>_merge`` (module docstring);
@@ -126,24 +119,18 @@ def render_cuda_kernel(formula, var_specs, reduction: str, opts: dict, dtype: st
 
 
 class CudaRenderer(CRenderer):
-    """CUDA C++ for nvcc: the shared pieces, the CUDA accumulators, the kernel schemes.
+    """CUDA C++ for nvcc: the shared pieces, the records' PAIRS accumulators, the schemes.
 
     - ``functions``: none of its own, libm's names (nvcc maps them to its intrinsics
       under fast math); ``storage``: none (a wide formula is chunked instead, :mod:`.chunks`);
-    - :meth:`acc_dtype` and :meth:`accumulator` (hooks): the CUDA ``Acc`` of
-      :mod:`.accumulators`, which takes the pairs one at a time (a tile buffer would be
-      local memory on a GPU).
+    - ``acc_form``: PAIRS, the reduction records' accumulators that take the pairs one at a
+      time, their state in registers (a tile buffer would be local memory on a GPU).
 
     Wide sums are planned with the backend's tuning (:data:`lazytensor.codegen.cuda.TUNING`).
     """
 
     name = "cuda"
-
-    def acc_dtype(self, reduction: str, opts: dict) -> str:
-        return _acc_dtype(reduction, opts, self.dtype)
-
-    def accumulator(self, formula, reduction: str, opts: dict) -> str:
-        return acc_code(reduction, formula.dim, opts)
+    acc_form = reductions.base.PAIRS
 
     def kernel(self, formula, var_specs, reduction: str, opts: dict, name: str = "lt",
                ranged: bool = False) -> str:

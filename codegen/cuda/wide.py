@@ -11,6 +11,7 @@ with a wide weight work the same way, each thread of a row also keeping the row'
 
 from __future__ import annotations
 
+from .. import reductions
 from ..linearize import column_source
 from .skeleton import (
     THREADS,
@@ -153,7 +154,7 @@ def wide_softmax_kernel(r, lin, formula, specs, reduction, name,
     W = formula.dim - 1
     G = wide_group(W)
     EC = -(-W // G)
-    softmax = reduction == "sumsoftmaxweight"
+    softmax = reductions.get(reduction).total_sum
     f_comp = next(q for q, off in lin.direct if off == 0)
     st = _staging(lin, specs, r.dtype)
     pair = f"""const T x = o[{f_comp}];

@@ -19,7 +19,18 @@ from __future__ import annotations
 import numpy as np
 
 from ..arraymath import namespace_of
-from .base import Array, Output, Reduction, register, write_code
+from .base import (
+    PAIRS,
+    TILES,
+    Accumulator,
+    Array,
+    Hook,
+    Output,
+    Reduction,
+    register,
+    unrolled,
+    write_code,
+)
 
 BETTER_CODE = """
 // (a, ia) replaces (b, ib)? ib < 0 marks an empty slot. NaN counts as the best value
@@ -128,43 +139,62 @@ class _Select(Reduction):
             outs.append(Output(F, "index", -1))
         return outs
 
-    def acc_code(self, F: int, opts: dict) -> str:
+    def accumulator(self, F: int, opts: dict, form: str = TILES) -> Accumulator:
+        """Value and index per component; a term replaces the kept one when it is better
+        (``lt_better``). PAIRS: j grows from push to push, so a tie never replaces and NaN
+        replaces a number once."""
         wm = "true" if self.want_min else "false"
+        lt = "<" if self.want_min else ">"
         writes = []
         if self.with_value:
             writes.append(write_code(0, "value", F, "v[k]"))
         if self.with_index:
             writes.append(write_code(len(writes), "index", F, "i[k]"))
         init_v = "(T)INFINITY" if self.want_min else "-(T)INFINITY"
-        return BETTER_CODE + f"""
-struct Acc {{
-  T v[{F}]; int64_t i[{F}];
-  LT_HD LT_INLINE void init() {{ for (int k = 0; k < {F}; ++k) {{ v[k] = {init_v}; i[k] = -1; }} }}
-  LT_HD LT_INLINE void push(const T* f, int64_t j) {{
-    for (int k = 0; k < {F}; ++k) if (lt_better(f[k], j, v[k], i[k], {wm})) {{ v[k] = f[k]; i[k] = j; }} }}
-  // A vectorized pass finds the tile's best value (and any NaN); only a tile that holds
-  // a NaN, or a better value, is looked at term by term.
-  LT_INLINE void tile(const T* fb, int nj, int64_t j0) {{
-    for (int k = 0; k < {F}; ++k) {{
+        comps = f"for (int k = 0; k < {F}; ++k)"
+        init = f"{comps} {{ v[k] = {init_v}; i[k] = -1; }}"
+        merge = (f"{comps} if (lt_better(o.v[k], o.i[k], v[k], i[k], {wm})) "
+                 "{ v[k] = o.v[k]; i[k] = o.i[k]; }")
+        write = Hook("write", f"{{ {' '.join(writes)} }}")
+        if form == PAIRS:
+            return Accumulator(BETTER_CODE, f"T v[{F}]; int64_t i[{F}];", (
+                Hook("init", unrolled(init)),
+                Hook("push", unrolled(
+                    f"{comps} {{\n      const T x = o[k];\n      if (x {lt} v[k] || i[k] < 0 || "
+                    "(x != x && v[k] == v[k])) { v[k] = x; i[k] = j; }\n    }"),
+                     comment="// j grows from call to call: a tie never replaces, NaN replaces "
+                             "a number once"),
+                Hook("flush", "{}"),
+                Hook("tile", "{\n#pragma unroll 2\n    for (int jj = 0; jj < nj; ++jj) "
+                             f"{{ T o[{F}]; eval(jj, o); push(o, j0 + jj); }}\n  }}"),
+                Hook("merge", unrolled(merge)),
+                write), arg="o")
+        tile = f"""{{
+    {comps} {{
       const T* f = fb + k * TJ;
       T m = {init_v}; int nan = 0;
       _Pragma("omp simd reduction({"min" if self.want_min else "max"}:m) reduction(|:nan)")
-      for (int jj = 0; jj < nj; ++jj) {{ const T x = f[jj]; nan |= (x != x); m = x {"<" if self.want_min else ">"} m ? x : m; }}
+      for (int jj = 0; jj < nj; ++jj) {{ const T x = f[jj]; nan |= (x != x); m = x {lt} m ? x : m; }}
       if (nan) {{
         for (int jj = 0; jj < nj; ++jj)
           if (lt_better(f[jj], j0 + jj, v[k], i[k], {wm})) {{ v[k] = f[jj]; i[k] = j0 + jj; }}
         continue;
       }}
       // the tile's terms come after every index kept, so a tie does not replace
-      if (i[k] >= 0 && !(m {"<" if self.want_min else ">"} v[k])) continue;
+      if (i[k] >= 0 && !(m {lt} v[k])) continue;
       int jj = 0;
       while (!(f[jj] == m)) ++jj;  // the first term equal to the best
       v[k] = f[jj]; i[k] = j0 + jj;
-    }} }}
-  LT_HD LT_INLINE void merge(const Acc& o) {{
-    for (int k = 0; k < {F}; ++k) if (lt_better(o.v[k], o.i[k], v[k], i[k], {wm})) {{ v[k] = o.v[k]; i[k] = o.i[k]; }} }}
-  LT_HD LT_INLINE void write(void* const* outs, int64_t row) const {{ {" ".join(writes)} }}
-}};"""
+    }} }}"""
+        return Accumulator(BETTER_CODE, f"T v[{F}]; int64_t i[{F}];", (
+            Hook("init", f"{{ {init} }}"),
+            Hook("push", f"{{\n    {comps} if (lt_better(f[k], j, v[k], i[k], {wm})) "
+                         "{ v[k] = f[k]; i[k] = j; } }"),
+            Hook("tile", tile, comment="// A vectorized pass finds the tile's best value (and any "
+                                       "NaN); only a tile that holds\n// a NaN, or a better value, "
+                                       "is looked at term by term."),
+            Hook("merge", f"{{\n    {merge} }}"),
+            write))
 
     def partial(self, values: Array, opts: dict, j0: int = 0) -> list:
         M = values.shape[-2]
@@ -186,6 +216,18 @@ struct Acc {{
     def finalize(self, state: list, opts: dict) -> list:
         return ([state[0]] if self.with_value else []) + ([state[1]] if self.with_index else [])
 
+    def state_layout(self, opts: dict, dim: int) -> list:
+        return [((dim,), "value", float("inf") if self.want_min else float("-inf")),
+                ((dim,), "index", -1)]
+
+    def from_block(self, outs: list, opts: dict, offset: int, dim: int) -> list:
+        v, i = outs
+        return [v, namespace_of(v).where(i >= 0, i + offset, i)]
+
+    def to_block(self, state: list, opts: dict, offset: int, m: int) -> list:
+        v, i = state
+        return [v, namespace_of(v).where(i >= 0, i - offset, i)]
+
 
 # The doctest of a selection's class: its reference on the terms f_ij of N = 3 rows
 # (``Vi(x).sqdist(Vj(y))`` for x = (0, 1, 3), y = (0, 2)), one output per list.
@@ -198,37 +240,101 @@ _EXAMPLE = """
 
 
 def _select(name, keops_name, want_min, with_value, with_index, doc, result, aliases=(),
-            arg_variant=None):
+            arg_variant=None, **method):
     cls_name = keops_name.replace("_", "")
+    # on blocks: the values and the indices, always (the one-pass selection)
+    both = "min_argmin" if want_min else "max_argmax"
     fields = dict(name=name, keops_name=keops_name, want_min=want_min, with_value=with_value,
                   with_index=with_index, aliases=aliases, arg_variant=arg_variant,
+                  block_runs=((both, "all"),),
                   user_outputs=2 if with_value and with_index else 1,
                   gradient="gather" if with_value and with_index else None,
-                  __doc__=doc + _EXAMPLE.format(cls=cls_name, opts="{}", result=result))
+                  __doc__=doc + _EXAMPLE.format(cls=cls_name, opts="{}", result=result), **method)
     return register(type(cls_name, (_Select,), fields))
 
 
 Min = _select("min", "Min", True, True, False, arg_variant="min_argmin", doc="""\
     ``min_j f_ij`` per component (``K.min(dim=1)``, pykeops's ``Min``): ``(N, F)``; +inf
     for an empty reduction, NaN if a term is NaN. Differentiable through ``min_argmin``.""",
-              result="[[[0.0], [1.0], [1.0]]]")
+              result="[[[0.0], [1.0], [1.0]]]",
+    method="min", vector_op="vmin", method_doc="""\
+    Minimum over i (dim=0) or j (dim=1), per component; ``dim=-1``: over the vector.
+
+    An empty reduction gives +inf (``max``: -inf); a NaN term gives NaN, as ``np.min``.
+
+    Shapes: ``(N, M, D)`` gives ``(N, D)`` for ``dim=1``, ``(M, D)`` for ``dim=0``.
+
+    >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
+    >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
+    >>> D.min(dim=1).tolist()
+    [[0.0], [1.0], [1.0]]
+    """)
 Max = _select("max", "Max", False, True, False, arg_variant="max_argmax", doc="""\
     ``max_j f_ij`` per component (``K.max(dim=1)``, pykeops's ``Max``): ``(N, F)``; -inf
-    for an empty reduction, NaN if a term is NaN.""", result="[[[4.0], [1.0], [9.0]]]")
+    for an empty reduction, NaN if a term is NaN.""", result="[[[4.0], [1.0], [9.0]]]",
+    method="max", vector_op="vmax", method_doc="""\
+    Maximum over i (dim=0) or j (dim=1), per component; ``dim=-1``: over the vector.
+
+    An empty reduction gives -inf; a NaN term gives NaN, as ``np.max``. Shapes as
+    :meth:`min`.
+
+    >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
+    >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
+    >>> D.max(dim=1).tolist()
+    [[4.0], [1.0], [9.0]]
+    """)
 ArgMin = _select("argmin", "ArgMin", True, False, True, doc="""\
     The index j (int64) of ``min_j f_ij`` per component (``K.argmin(dim=1)``): ``(N, F)``;
-    the lowest index among ties, -1 for an empty reduction.""", result="[[[0], [0], [1]]]")
+    the lowest index among ties, -1 for an empty reduction.""", result="[[[0], [0], [1]]]",
+    method="argmin", vector_op="vargmin", method_doc="""\
+    Index (int64) of the minimum over i or j: the lowest index among ties, the first
+    NaN's index if there is a NaN (as ``np.argmin``), -1 for an empty reduction.
+
+    Shapes as :meth:`min`; ``dim=-1`` gives the index over the vector (as a float).
+
+    >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
+    >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
+    >>> D.argmin(dim=1).tolist()
+    [[0], [0], [1]]
+    """)
 ArgMax = _select("argmax", "ArgMax", False, False, True, doc="""\
     The index j (int64) of ``max_j f_ij`` per component (``K.argmax(dim=1)``): ``(N, F)``;
-    the lowest index among ties, -1 for an empty reduction.""", result="[[[1], [0], [0]]]")
+    the lowest index among ties, -1 for an empty reduction.""", result="[[[1], [0], [0]]]",
+    method="argmax", vector_op="vargmax", method_doc="""\
+    Index (int64) of the maximum over i or j, as :meth:`argmin` (lowest index among
+    ties).
+
+    >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
+    >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
+    >>> D.argmax(dim=1).tolist()
+    [[1], [0], [0]]
+    """)
 MinArgMin = _select("min_argmin", "Min_ArgMin", True, True, True, aliases=("minargmin",),
                     doc="""\
     ``(min, argmin)`` in one pass (``K.min_argmin(dim=1)``): two ``(N, F)`` arrays; its
-    gradient gathers through the indices.""", result="[[[0.0], [1.0], [1.0]], [[0], [0], [1]]]")
+    gradient gathers through the indices.""", result="[[[0.0], [1.0], [1.0]], [[0], [0], [1]]]",
+    method="min_argmin", method_doc="""\
+    ``(min, argmin)`` over i or j in one pass: two arrays of shape ``(N, D)`` for
+    ``dim=1`` (values, int64 indices), as :meth:`min` and :meth:`argmin`; the values are
+    differentiable (through the indices).
+
+    >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
+    >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
+    >>> [a.tolist() for a in D.min_argmin(dim=1)]
+    [[[0.0], [1.0], [1.0]], [[0], [0], [1]]]
+    """)
 MaxArgMax = _select("max_argmax", "Max_ArgMax", False, True, True, aliases=("maxargmax",),
                     doc="""\
     ``(max, argmax)`` in one pass (``K.max_argmax(dim=1)``): two ``(N, F)`` arrays; its
-    gradient gathers through the indices.""", result="[[[4.0], [1.0], [9.0]], [[1], [0], [0]]]")
+    gradient gathers through the indices.""", result="[[[4.0], [1.0], [9.0]], [[1], [0], [0]]]",
+    method="max_argmax", method_doc="""\
+    ``(max, argmax)`` over i or j in one pass, as :meth:`min_argmin`.
+
+    >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
+    >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
+    >>> [a.tolist() for a in D.max_argmax(dim=1)]
+    [[[4.0], [1.0], [9.0]], [[1], [0], [0]]]
+    """)
 
 
 class _KSelect(Reduction):
@@ -259,9 +365,12 @@ class _KSelect(Reduction):
             return out.reshape(*out.shape[:-1], int(opts["K"]), F)
         return out
 
-    def acc_code(self, F: int, opts: dict) -> str:
+    def accumulator(self, F: int, opts: dict, form: str = TILES) -> Accumulator:
+        """Per component c, K slots ``v[c*K .. c*K+K)`` sorted best first (``lt_kbetter``),
+        with their indices; the worst kept value is the threshold a term must beat."""
         K = int(opts["K"])
         wm = "true" if self.want_min else "false"
+        lt = "<" if self.want_min else ">"
         init_v = "(T)INFINITY" if self.want_min else "-(T)INFINITY"
         writes = []
         # layout of outputs: [K][F]
@@ -269,23 +378,42 @@ class _KSelect(Reduction):
             writes.append(write_code(0, "value", K * F, f"v[(k % {F}) * {K} + k / {F}]"))
         if self.with_index:
             writes.append(write_code(len(writes), "index", K * F, f"i[(k % {F}) * {K} + k / {F}]"))
-        return BETTER_CODE + _KMASK + f"""
-struct Acc {{
-  T v[{F * K}]; int64_t i[{F * K}];   // per component c: v[c*K .. c*K+K) sorted best first
-  LT_HD LT_INLINE void init() {{ for (int k = 0; k < {F * K}; ++k) {{ v[k] = {init_v}; i[k] = -1; }} }}
-  LT_HD LT_INLINE void insert(int c, T x, int64_t j) {{
-    T* vc = v + c * {K}; int64_t* ic = i + c * {K};
-    if (!lt_kbetter(x, j, vc[{K - 1}], ic[{K - 1}], {wm})) return;
-    int p = {K - 1};
-    while (p > 0 && lt_kbetter(x, j, vc[p - 1], ic[p - 1], {wm})) {{ vc[p] = vc[p - 1]; ic[p] = ic[p - 1]; --p; }}
-    vc[p] = x; ic[p] = j;
-  }}
-  LT_HD LT_INLINE void push(const T* f, int64_t j) {{ for (int c = 0; c < {F}; ++c) insert(c, f[c], j); }}
-  // Once the K slots are full (and the worst is not NaN), a vectorized pass over a block
-  // of 64 terms asks whether any is strictly better than the worst kept (NaN never is);
-  // most blocks hold none and cost that pass alone. The others are scanned in order:
-  // the terms of a tile come after every kept index, so a tie never enters.
-  LT_INLINE void tile(const T* fb, int nj, int64_t j0) {{
+        state = f"T v[{F * K}]; int64_t i[{F * K}];   // per component c: v[c*K .. c*K+K) sorted best first"
+        init = f"for (int k = 0; k < {F * K}; ++k) {{ v[k] = {init_v}; i[k] = -1; }}"
+        write = Hook("write", f"{{ {' '.join(writes)} }}")
+        if form == PAIRS:
+            return Accumulator(BETTER_CODE, state, (
+                Hook("init", unrolled(init)),
+                Hook("insert", f"""{{
+#pragma unroll
+    for (int q = 0; q < {K}; ++q) {{
+      const int s = c * {K} + q;
+      if (lt_kbetter(x, j, v[s], i[s], {wm})) {{
+        const T tv = v[s]; const int64_t ti = i[s];
+        v[s] = x; i[s] = j; x = tv; j = ti;
+      }}
+    }}
+  }}""", signature="LT_HD LT_INLINE void insert(int c, T x, int64_t j)",
+                     comment="// The candidate walks down the K slots, swapping with every slot "
+                             "it beats: unrolled,\n// so that the slots stay in registers."),
+                Hook("push", unrolled(f"""for (int c = 0; c < {F}; ++c) {{
+      const T x = o[c];
+      const T thr = v[c * {K} + {K - 1}];
+      const bool simple = i[c * {K} + {K - 1}] >= 0 && thr == thr;
+      if (simple ? x {lt} thr : lt_kbetter(x, j, thr, i[c * {K} + {K - 1}], {wm})) insert(c, x, j);
+    }}"""), comment="// The worst kept value is the threshold: full slots holding no NaN admit "
+                    "a term only if\n// it is strictly better (j grows: a tie never enters); "
+                    "otherwise the full rule decides."),
+                Hook("flush", "{}"),
+                Hook("tile", f"""{{
+    for (int jj = 0; jj < nj; ++jj) {{ T o[{F}]; eval(jj, o); push(o, j0 + jj); }}
+  }}"""),
+                Hook("merge", unrolled(f"""for (int c = 0; c < {F}; ++c)
+#pragma unroll
+      for (int q = 0; q < {K}; ++q)
+        if (o.i[c * {K} + q] >= 0) insert(c, o.v[c * {K} + q], o.i[c * {K} + q]);""")),
+                write), arg="o")
+        tile = f"""{{
     for (int c = 0; c < {F}; ++c) {{
       const T* f = fb + c * TJ;
       int jj = 0;
@@ -301,18 +429,32 @@ struct Acc {{
           const int q = jj + __builtin_ctzll(bits);
           bits &= bits - 1;
           const T x = f[q];
-          if (!(x {"<" if self.want_min else ">"} vc[{K - 1}])) continue;
+          if (!(x {lt} vc[{K - 1}])) continue;
           int p = {K - 1};
-          while (p > 0 && x {"<" if self.want_min else ">"} vc[p - 1]) {{ vc[p] = vc[p - 1]; ic[p] = ic[p - 1]; --p; }}
+          while (p > 0 && x {lt} vc[p - 1]) {{ vc[p] = vc[p - 1]; ic[p] = ic[p - 1]; --p; }}
           vc[p] = x; ic[p] = j0 + q;
         }}
         jj = e;
       }}
-    }} }}
-  LT_HD LT_INLINE void merge(const Acc& o) {{
-    for (int c = 0; c < {F}; ++c) for (int q = 0; q < {K}; ++q) if (o.i[c * {K} + q] >= 0) insert(c, o.v[c * {K} + q], o.i[c * {K} + q]); }}
-  LT_HD LT_INLINE void write(void* const* outs, int64_t row) const {{ {" ".join(writes)} }}
-}};"""
+    }} }}"""
+        return Accumulator(BETTER_CODE + _KMASK, state, (
+            Hook("init", f"{{ {init} }}"),
+            Hook("insert", f"""{{
+    T* vc = v + c * {K}; int64_t* ic = i + c * {K};
+    if (!lt_kbetter(x, j, vc[{K - 1}], ic[{K - 1}], {wm})) return;
+    int p = {K - 1};
+    while (p > 0 && lt_kbetter(x, j, vc[p - 1], ic[p - 1], {wm})) {{ vc[p] = vc[p - 1]; ic[p] = ic[p - 1]; --p; }}
+    vc[p] = x; ic[p] = j;
+  }}""", signature="LT_HD LT_INLINE void insert(int c, T x, int64_t j)"),
+            Hook("push", f"{{ for (int c = 0; c < {F}; ++c) insert(c, f[c], j); }}"),
+            Hook("tile", tile, comment="""\
+// Once the K slots are full (and the worst is not NaN), a vectorized pass over a block
+// of 64 terms asks whether any is strictly better than the worst kept (NaN never is);
+// most blocks hold none and cost that pass alone. The others are scanned in order:
+// the terms of a tile come after every kept index, so a tie never enters."""),
+            Hook("merge", f"""{{
+    for (int c = 0; c < {F}; ++c) for (int q = 0; q < {K}; ++q) if (o.i[c * {K} + q] >= 0) insert(c, o.v[c * {K} + q], o.i[c * {K} + q]); }}"""),
+            write))
 
     def partial(self, values: Array, opts: dict, j0: int = 0) -> list:
         """(values, indices), each (..., K, F) best first; slots past the terms are empty."""
@@ -348,6 +490,42 @@ struct Acc {{
             pa, pb = pa + (~take), pb + take
         return [_join(xp, out_v), _join(xp, out_i)]
 
+    block_runs = (("kmin_argkmin", "all"),)
+
+    def block_opts(self, opts: dict, m: int) -> dict:
+        return {**opts, "K": min(int(opts["K"]), m)}
+
+    def state_layout(self, opts: dict, dim: int) -> list:
+        K = int(opts["K"])
+        return [((K, dim), "value", float("inf") if self.want_min else float("-inf")),
+                ((K, dim), "index", -1)]
+
+    def from_block(self, outs: list, opts: dict, offset: int, dim: int) -> list:
+        """(values, global indices) ``(..., K, F)``; a block of fewer than K points pads
+        its slots with empty ones."""
+        v, i = (o if dim > 1 else o[..., None] for o in outs)  # (..., K_block, F)
+        xp = namespace_of(v)
+        i = xp.where(i >= 0, i + offset, i)
+        pad = int(opts["K"]) - v.shape[-2]
+        if pad:
+            fill = float("inf") if self.want_min else float("-inf")
+            shape = (*v.shape[:-2], pad, v.shape[-1])
+            v = xp.cat([v, xp.full(shape, fill, v)], -2)
+            i = xp.cat([i, xp.full(shape, -1, i)], -2)
+        return [v, i]
+
+    def to_block(self, state: list, opts: dict, offset: int, m: int) -> list:
+        k = min(int(opts["K"]), m)
+        v, i = state[0][..., :k, :], state[1][..., :k, :]
+        i = namespace_of(v).where(i >= 0, i - offset, i)
+        return [v, i] if v.shape[-1] > 1 else [v[..., 0], i[..., 0]]
+
+    def block_outputs(self, state: list, opts: dict) -> list:
+        """Values and indices ``(..., K)`` (``(..., K, F)`` for F > 1), as one reduction."""
+        outs = [state[0]] if self.with_value else []
+        outs += [state[1]] if self.with_index else []
+        return [o[..., 0] if o.shape[-1] == 1 else o for o in outs]
+
     def finalize(self, state: list, opts: dict) -> list:
         lead = state[0].shape[:-2]
         outs = []
@@ -363,26 +541,55 @@ def _join(xp, rows):
     return xp.stack([r[..., 0, :] for r in rows], -2)
 
 
-def _kselect(name, keops_name, with_value, with_index, doc, result, aliases=(), arg_variant=None):
+def _kselect(name, keops_name, with_value, with_index, doc, result, aliases=(), arg_variant=None,
+             **method):
     cls_name = keops_name.replace("_", "")
     return register(type(cls_name, (_KSelect,), dict(
         name=name, keops_name=keops_name, with_value=with_value, with_index=with_index,
         aliases=aliases, arg_variant=arg_variant,
         user_outputs=2 if with_value and with_index else 1,
         gradient="gather" if with_value and with_index else None,
-        __doc__=doc + _EXAMPLE.format(cls=cls_name, opts='{"K": 2}', result=result))))
+        __doc__=doc + _EXAMPLE.format(cls=cls_name, opts='{"K": 2}', result=result), **method)))
 
 
 KMin = _kselect("kmin", "KMin", True, False, arg_variant="kmin_argkmin", doc="""\
     The K smallest ``f_ij`` over j, sorted, per component (``K.Kmin(K, dim=1)``, option
     ``K``): ``(N, K)``, or ``(N, K, F)`` for F > 1; NaN sorts last, ties keep index order.""",
-                result="[[[0.0, 4.0], [1.0, 1.0], [1.0, 9.0]]]")
+                result="[[[0.0, 4.0], [1.0, 1.0], [1.0, 9.0]]]",
+    method="Kmin", method_doc="""\
+    The K smallest values over i or j, sorted, per component (shape (N, K) or
+    (N, K, D)); NaN sorts last (as ``np.sort``), ties keep index order; K must be a
+    positive integer at most the number of reduced points.
+
+    >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
+    >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
+    >>> D.Kmin(2, dim=1).tolist()
+    [[0.0, 4.0], [1.0, 1.0], [1.0, 9.0]]
+    """)
 ArgKMin = _kselect("argkmin", "ArgKMin", False, True, doc="""\
     The indices j (int64) of the K smallest ``f_ij``, in :class:`KMin`'s order
     (``K.argKmin(K, dim=1)``: the K nearest neighbours for a distance).""",
-                   result="[[[0, 1], [0, 1], [1, 0]]]")
+                   result="[[[0, 1], [0, 1], [1, 0]]]",
+    method="argKmin", method_doc="""\
+    Indices (int64) of the K smallest values, in the order of :meth:`Kmin`: shape
+    ``(N, K)`` for ``dim=1`` (``(N, K, D)`` for D > 1), the K nearest neighbours of
+    each i for a distance.
+
+    >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
+    >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
+    >>> D.argKmin(2, dim=1).tolist()
+    [[0, 1], [0, 1], [1, 0]]
+    """)
 KMinArgKMin = _kselect("kmin_argkmin", "KMin_ArgKMin", True, True, aliases=("kminargkmin",),
                        doc="""\
     ``(KMin, ArgKMin)`` in one pass (``K.Kmin_argKmin(K, dim=1)``); its gradient gathers
     through the indices.""",
-                       result="[[[0.0, 4.0], [1.0, 1.0], [1.0, 9.0]], [[0, 1], [0, 1], [1, 0]]]")
+                       result="[[[0.0, 4.0], [1.0, 1.0], [1.0, 9.0]], [[0, 1], [0, 1], [1, 0]]]",
+    method="Kmin_argKmin", method_doc="""\
+    ``(Kmin, argKmin)`` in one pass, as :meth:`Kmin` and :meth:`argKmin`.
+
+    >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
+    >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
+    >>> [a.tolist() for a in D.Kmin_argKmin(2, dim=1)]
+    [[[0.0, 4.0], [1.0, 1.0], [1.0, 9.0]], [[0, 1], [0, 1], [1, 0]]]
+    """)

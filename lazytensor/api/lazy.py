@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import numbers
+import re
 import sys
 from typing import Any, Sequence
 
 import numpy as np
 
 from .. import fastsum
-from ..codegen import compositions, ir, ops
+from ..codegen import compositions, ir, ops, reductions
 from ..core import half
 from ..core.binding import Variable, array_dtype, bind, copy_into, is_torch
 from ..core.options import integer_option, split_reduction_keywords
@@ -888,214 +890,28 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
             return copy_into(out, result)
         return result
 
-    def sum(self, dim: int | None = None, axis: int | None = None, backend: str = "auto",
-            call: bool = True, out: Array | None = None, grad_mode: str | None = None,
-            ranges: Any = None, **opts: Any) -> LazyTensor | Reduced:
-        """Sum over i (dim=0) or j (dim=1); ``dim=-1`` sums the vector (symbolic).
-
-        As in pykeops, ``sum()`` without dim is ``sum(-1)`` (``min``, ``max``, ``argmin`` and
-        ``argmax`` too); with reduction options but no dim it asks for the dim.
-        Options as pykeops: ``sum_scheme`` ("block_sum" default, "direct_sum",
-        "kahan_scheme"), ``dtype_acc`` / ``use_double_acc``, ``backend`` ("CPU", "GPU" ...
-        too); ``device_id`` picks the GPU, ``use_fast_math=True`` allows approximate CUDA
-        intrinsics; ``enable_chunks`` is accepted without effect;
-        ``grad_mode`` for torch gradients; ``group`` (a ``torch.distributed`` process group,
-        or a :class:`lazytensor.distributed.Sharding`) runs it over the group's ranks, each
-        holding its own rows (:mod:`lazytensor.distributed`; every reduction takes it).
-        An empty reduction (no j, or no i for dim=0) gives 0; NaN terms give NaN, +inf and
-        -inf terms together give NaN, as in NumPy.
-
-        Shapes: ``(N, M, D)`` gives ``(N, D)`` for ``dim=1`` and ``(M, D)`` for ``dim=0``;
-        ``call=False`` returns the function of new arrays (one per variable) instead.
-
-        >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
-        >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
-        >>> D.sum(dim=1).tolist()
-        [[4.0], [2.0], [10.0]]
-        >>> D.sum(dim=0).tolist()
-        [[10.0], [6.0]]
-        """
-        if self._vector_dim(dim if axis is None else axis) or (
-                dim is None and axis is None and backend == "auto" and call is True and out is None
-                and grad_mode is None and ranges is None and not opts):
-            return self._op("sum")  # no dim and no option: pykeops's default, dim=-1
-        backend, acc, opts = split_reduction_keywords("sum", backend, opts)
-        return self._reduce("sum", dim, axis, backend, acc, call, out, grad_mode, ranges, **opts)
-
-    def min(self, dim: int | None = None, axis: int | None = None, backend: str = "auto",
-            **kw: Any) -> LazyTensor | Reduced:
-        """Minimum over i (dim=0) or j (dim=1), per component; ``dim=-1``: over the vector.
-
-        An empty reduction gives +inf (``max``: -inf); a NaN term gives NaN, as ``np.min``.
-
-        Shapes: ``(N, M, D)`` gives ``(N, D)`` for ``dim=1``, ``(M, D)`` for ``dim=0``.
-
-        >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
-        >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
-        >>> D.min(dim=1).tolist()
-        [[0.0], [1.0], [1.0]]
-        """
-        if self._vector_dim(dim if axis is None else axis) or _no_dim(dim, axis, backend, kw):
-            return self._op("vmin")
-        backend, opts, kw = split_reduction_keywords("min", backend, kw)
-        return self._reduce("min", dim, axis, backend, opts, **kw)
-
-    def max(self, dim: int | None = None, axis: int | None = None, backend: str = "auto",
-            **kw: Any) -> LazyTensor | Reduced:
-        """Maximum over i (dim=0) or j (dim=1), per component; ``dim=-1``: over the vector.
-
-        An empty reduction gives -inf; a NaN term gives NaN, as ``np.max``. Shapes as
-        :meth:`min`.
-
-        >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
-        >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
-        >>> D.max(dim=1).tolist()
-        [[4.0], [1.0], [9.0]]
-        """
-        if self._vector_dim(dim if axis is None else axis) or _no_dim(dim, axis, backend, kw):
-            return self._op("vmax")
-        backend, opts, kw = split_reduction_keywords("max", backend, kw)
-        return self._reduce("max", dim, axis, backend, opts, **kw)
-
-    def argmin(self, dim: int | None = None, axis: int | None = None, backend: str = "auto",
-               **kw: Any) -> LazyTensor | Reduced:
-        """Index (int64) of the minimum over i or j: the lowest index among ties, the first
-        NaN's index if there is a NaN (as ``np.argmin``), -1 for an empty reduction.
-
-        Shapes as :meth:`min`; ``dim=-1`` gives the index over the vector (as a float).
-
-        >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
-        >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
-        >>> D.argmin(dim=1).tolist()
-        [[0], [0], [1]]
-        """
-        if self._vector_dim(dim if axis is None else axis) or _no_dim(dim, axis, backend, kw):
-            return self._op("vargmin")
-        backend, opts, kw = split_reduction_keywords("argmin", backend, kw)
-        return self._reduce("argmin", dim, axis, backend, opts, **kw)
-
-    def argmax(self, dim: int | None = None, axis: int | None = None, backend: str = "auto",
-               **kw: Any) -> LazyTensor | Reduced:
-        """Index (int64) of the maximum over i or j, as :meth:`argmin` (lowest index among
-        ties).
-
-        >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
-        >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
-        >>> D.argmax(dim=1).tolist()
-        [[1], [0], [0]]
-        """
-        if self._vector_dim(dim if axis is None else axis) or _no_dim(dim, axis, backend, kw):
-            return self._op("vargmax")
-        backend, opts, kw = split_reduction_keywords("argmax", backend, kw)
-        return self._reduce("argmax", dim, axis, backend, opts, **kw)
-
-    def min_argmin(self, dim: int | None = None, axis: int | None = None, backend: str = "auto",
-                   **kw: Any) -> Reduced:
-        """``(min, argmin)`` over i or j in one pass: two arrays of shape ``(N, D)`` for
-        ``dim=1`` (values, int64 indices), as :meth:`min` and :meth:`argmin`; the values are
-        differentiable (through the indices).
-
-        >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
-        >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
-        >>> [a.tolist() for a in D.min_argmin(dim=1)]
-        [[[0.0], [1.0], [1.0]], [[0], [0], [1]]]
-        """
-        backend, opts, kw = split_reduction_keywords("min_argmin", backend, kw)
-        return self._reduce("min_argmin", dim, axis, backend, opts, **kw)
-
-    def max_argmax(self, dim: int | None = None, axis: int | None = None, backend: str = "auto",
-                   **kw: Any) -> Reduced:
-        """``(max, argmax)`` over i or j in one pass, as :meth:`min_argmin`.
-
-        >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
-        >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
-        >>> [a.tolist() for a in D.max_argmax(dim=1)]
-        [[[4.0], [1.0], [9.0]], [[1], [0], [0]]]
-        """
-        backend, opts, kw = split_reduction_keywords("max_argmax", backend, kw)
-        return self._reduce("max_argmax", dim, axis, backend, opts, **kw)
-
-    def Kmin(self, K: int, dim: int | None = None, axis: int | None = None, backend: str = "auto",
-             **kw: Any) -> Reduced:
-        """The K smallest values over i or j, sorted, per component (shape (N, K) or
-        (N, K, D)); NaN sorts last (as ``np.sort``), ties keep index order; K must be a
-        positive integer at most the number of reduced points.
-
-        >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
-        >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
-        >>> D.Kmin(2, dim=1).tolist()
-        [[0.0, 4.0], [1.0, 1.0], [1.0, 9.0]]
-        """
-        backend, opts, kw = split_reduction_keywords("kmin", backend, kw, {"K": K})
-        return self._reduce("kmin", dim, axis, backend, opts, **kw)
-
-    def argKmin(self, K: int, dim: int | None = None, axis: int | None = None,
-                backend: str = "auto", **kw: Any) -> Reduced:
-        """Indices (int64) of the K smallest values, in the order of :meth:`Kmin`: shape
-        ``(N, K)`` for ``dim=1`` (``(N, K, D)`` for D > 1), the K nearest neighbours of
-        each i for a distance.
-
-        >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
-        >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
-        >>> D.argKmin(2, dim=1).tolist()
-        [[0, 1], [0, 1], [1, 0]]
-        """
-        backend, opts, kw = split_reduction_keywords("argkmin", backend, kw, {"K": K})
-        return self._reduce("argkmin", dim, axis, backend, opts, **kw)
-
-    def Kmin_argKmin(self, K: int, dim: int | None = None, axis: int | None = None,
-                     backend: str = "auto", **kw: Any) -> Reduced:
-        """``(Kmin, argKmin)`` in one pass, as :meth:`Kmin` and :meth:`argKmin`.
-
-        >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
-        >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
-        >>> [a.tolist() for a in D.Kmin_argKmin(2, dim=1)]
-        [[[0.0, 4.0], [1.0, 1.0], [1.0, 9.0]], [[0, 1], [0, 1], [1, 0]]]
-        """
-        backend, opts, kw = split_reduction_keywords("kmin_argkmin", backend, kw, {"K": K})
-        return self._reduce("kmin_argkmin", dim, axis, backend, opts, **kw)
-
-    def logsumexp(self, dim: int | None = None, axis: int | None = None,
-                  weight: LazyTensor | Array | float | None = None, backend: str = "auto",
-                  other: LazyTensor | Array | float | None = None, **kw: Any) -> Reduced:
-        """``log Σ exp(self)`` (stable); with ``weight`` (or ``other``, as pykeops calls it):
-        ``log Σ exp(self) * weight``.
-
-        An empty reduction (or all terms -inf) gives -inf; a NaN term gives NaN. Shapes: a
-        scalar formula gives ``(N, 1)`` for ``dim=1``; with a weight of dimension E,
-        ``(N, E)``.
-
-        >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
-        >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
-        >>> (-D).logsumexp(dim=1).round(4).tolist()
-        [[0.0181], [-0.3069], [-0.9997]]
-        >>> (-D).logsumexp(dim=1, weight=Vj(np.array([[1.0], [2.0]]))).round(4).tolist()
-        [[0.036], [0.0986], [-0.3067]]
-        """
-        if other is not None:
+    # The reduction methods (sum, min, argKmin, logsumexp, ... and their pykeops aliases) are
+    # made from the reduction records below the class (_reduction_method); they all come here.
+    def _reduction_call(self, red, args: dict):
+        """One call of ``red``'s method, with its bound arguments ``args``."""
+        dim, axis, backend, kw = args["dim"], args["axis"], args["backend"], dict(args["kw"])
+        kw.update({k: args[k] for k, default in _CALL_DEFAULTS if args[k] is not default})
+        if red.vector_op and (self._vector_dim(dim if axis is None else axis)
+                              or _no_dim(dim, axis, backend, kw)):
+            return self._op(red.vector_op)  # no dim and no option: pykeops's default, dim=-1
+        name, target, weight = red.name, self, args.get("weight")
+        if red.weighted_variant:  # logsumexp(weight=...) (pykeops: other=...)
+            if args["other"] is not None:
+                if weight is not None:
+                    raise ValueError(f"{red.method}: give the weight once, as weight= or as other=")
+                weight = args["other"]
             if weight is not None:
-                raise ValueError("logsumexp: give the weight once, as weight= or as other=")
-            weight = other
-        if weight is None:
-            backend, opts, kw = split_reduction_keywords("logsumexp", backend, kw)
-            return self._reduce("logsumexp", dim, axis, backend, opts, **kw)
-        backend, opts, kw = split_reduction_keywords("logsumexp_weight", backend, kw)
-        return self._with_weight(weight, "logsumexp")._reduce("logsumexp_weight", dim, axis,
-                                                              backend, opts, **kw)
-
-    def sumsoftmaxweight(self, weight: LazyTensor | Array | float, dim: int | None = None,
-                         axis: int | None = None, backend: str = "auto", **kw: Any) -> Reduced:
-        """``Σ_j softmax_j(self) weight_j`` for a scalar formula ``self`` (NaN, i.e. 0/0, for
-        an empty reduction): attention, with shape ``(N, E)`` for a weight of dimension E.
-
-        >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
-        >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
-        >>> (-D).sumsoftmaxweight(Vj(y), dim=1).round(4).tolist()
-        [[0.036], [1.0], [1.9993]]
-        """
-        backend, opts, kw = split_reduction_keywords("sumsoftmaxweight", backend, kw)
-        return self._with_weight(weight, "sumsoftmaxweight")._reduce("sumsoftmaxweight", dim, axis,
-                                                                     backend, opts, **kw)
+                name = reductions.get(red.weighted_variant).name
+        if weight is not None:
+            target = self._with_weight(weight, red.method)
+        extra = {"K": args["K"]} if red.needs_k else None
+        backend, opts, kw = split_reduction_keywords(name, backend, kw, extra)
+        return target._reduce(name, dim, axis, backend, opts, **kw)
 
     def _with_weight(self, weight, name):
         """``concat(self, weight)``; the reductions read component 0 as the scalar formula."""
@@ -1104,91 +920,10 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
                              f"{self.formula.dim} (reduce it first, e.g. with .sum(-1))")
         return self.concat(weight)
 
-    def max_sumshiftexp(self, dim: int | None = None, axis: int | None = None,
-                        backend: str = "auto", **kw: Any) -> Reduced:
-        """``(m, s)`` with ``m = max_j f`` and ``s = Σ_j exp(f - m)`` for a scalar formula f,
-        side by side: shape ``(N, 2)`` for ``dim=1`` (pykeops's ``Max_SumShiftExp``;
-        ``m + log(s)`` is the log-sum-exp).
-
-        >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
-        >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
-        >>> D.max_sumshiftexp(dim=1).round(4).tolist()
-        [[4.0, 1.0183], [1.0, 2.0], [9.0, 1.0003]]
-        """
-        backend, opts, kw = split_reduction_keywords("max_sumshiftexp", backend, kw)
-        return self._reduce("max_sumshiftexp", dim, axis, backend, opts, **kw)
-
-    # pykeops aliases; the first five always reduce (no vector-dimension default)
-    def sum_reduction(self, dim: int | None = None, axis: int | None = None, **kw: Any) -> Reduced:
-        """:meth:`sum` over i (dim=0) or j (dim=1) (pykeops's name); always a reduction:
-        ``dim=-1`` is an error, not the vector's sum.
-
-        >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
-        >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
-        >>> D.sum_reduction(dim=1).tolist()
-        [[4.0], [2.0], [10.0]]
-        """
-        return self.sum(self._index_dim(dim, axis, "sum_reduction"), **kw)
-
-    def min_reduction(self, dim: int | None = None, axis: int | None = None, **kw: Any) -> Reduced:
-        """:meth:`min` over i (dim=0) or j (dim=1) (pykeops's name); always a reduction:
-        ``dim=-1`` is an error, not the vector's min.
-
-        >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
-        >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
-        >>> D.min_reduction(dim=1).tolist()
-        [[0.0], [1.0], [1.0]]
-        """
-        return self.min(self._index_dim(dim, axis, "min_reduction"), **kw)
-
-    def max_reduction(self, dim: int | None = None, axis: int | None = None, **kw: Any) -> Reduced:
-        """:meth:`max` over i (dim=0) or j (dim=1) (pykeops's name); always a reduction:
-        ``dim=-1`` is an error, not the vector's max.
-
-        >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
-        >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
-        >>> D.max_reduction(dim=1).tolist()
-        [[4.0], [1.0], [9.0]]
-        """
-        return self.max(self._index_dim(dim, axis, "max_reduction"), **kw)
-
-    def argmin_reduction(self, dim: int | None = None, axis: int | None = None, **kw: Any
-                         ) -> Reduced:
-        """:meth:`argmin` over i (dim=0) or j (dim=1) (pykeops's name); always a reduction:
-        ``dim=-1`` is an error, not the vector's argmin.
-
-        >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
-        >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
-        >>> D.argmin_reduction(dim=1).tolist()
-        [[0], [0], [1]]
-        """
-        return self.argmin(self._index_dim(dim, axis, "argmin_reduction"), **kw)
-
-    def argmax_reduction(self, dim: int | None = None, axis: int | None = None, **kw: Any
-                         ) -> Reduced:
-        """:meth:`argmax` over i (dim=0) or j (dim=1) (pykeops's name); always a reduction:
-        ``dim=-1`` is an error, not the vector's argmax.
-
-        >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
-        >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
-        >>> D.argmax_reduction(dim=1).tolist()
-        [[1], [0], [0]]
-        """
-        return self.argmax(self._index_dim(dim, axis, "argmax_reduction"), **kw)
-
     def _index_dim(self, dim, axis, name):
         """``dim`` (or ``axis``) checked to be an i or j axis, for the explicit reductions."""
         self._axis(dim, axis, name)
         return dim if axis is None else axis
-
-    min_argmin_reduction = min_argmin
-    max_argmax_reduction = max_argmax
-    Kmin_reduction = Kmin
-    argKmin_reduction = argKmin
-    Kmin_argKmin_reduction = Kmin_argKmin
-    logsumexp_reduction = logsumexp
-    sumsoftmaxweight_reduction = sumsoftmaxweight
-    max_sumshiftexp_reduction = max_sumshiftexp
 
     def grad(self, v: LazyTensor, gradin: LazyTensor | Array) -> LazyTensor:
         """Symbolic ``(∂self/∂v)ᵀ gradin`` as a LazyTensor (as pykeops ``.grad``).
@@ -1366,6 +1101,83 @@ class ComplexLazyTensor(ComplexMethods, LazyTensor):
 
 
 LazyTensor._complex_type = ComplexLazyTensor
+
+
+# The keywords every reduction method names in its signature, with their defaults; one left
+# at its default counts as not given (``sum()`` is then the vector's sum, as in pykeops).
+_CALL_DEFAULTS = (("call", True), ("out", None), ("grad_mode", None), ("ranges", None))
+
+
+def _reduction_signature(red) -> inspect.Signature:
+    """``(self, [K | weight], dim, axis, [weight], backend, [other], call, out, grad_mode,
+    ranges, **kw)``: K for the K-min family, a weight first for a weighted reduction, as a
+    keyword for one with a weighted variant (``logsumexp(weight=)``, ``other=`` in pykeops)."""
+    P, kw_only = inspect.Parameter, inspect.Parameter.POSITIONAL_OR_KEYWORD
+    opt = "LazyTensor | Array | float | None"
+    params = [P("self", kw_only)]
+    if red.needs_k:
+        params.append(P("K", kw_only, annotation="int"))
+    if red.weighted:
+        params.append(P("weight", kw_only, annotation="LazyTensor | Array | float"))
+    params += [P("dim", kw_only, default=None, annotation="int | None"),
+               P("axis", kw_only, default=None, annotation="int | None")]
+    if red.weighted_variant:
+        params.append(P("weight", kw_only, default=None, annotation=opt))
+    params.append(P("backend", kw_only, default="auto", annotation="str"))
+    if red.weighted_variant:
+        params.append(P("other", kw_only, default=None, annotation=opt))
+    params += [P("call", kw_only, default=True, annotation="bool"),
+               P("out", kw_only, default=None, annotation="Array | None"),
+               P("grad_mode", kw_only, default=None, annotation="str | None"),
+               P("ranges", kw_only, default=None, annotation="Any"),
+               P("kw", P.VAR_KEYWORD, annotation="Any")]
+    returns = "LazyTensor | Reduced" if red.vector_op else "Reduced"
+    return inspect.Signature(params, return_annotation=returns)
+
+
+def _reduction_method(red):
+    """The LazyTensor method of the reduction record ``red``: its name, signature and
+    docstring from the record."""
+    sig = _reduction_signature(red)
+
+    def method(self, *args, **kwargs):
+        bound = sig.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        return self._reduction_call(red, bound.arguments)
+
+    method.__name__ = method.__qualname__ = red.method
+    method.__doc__, method.__signature__ = red.method_doc, sig
+    return method
+
+
+def _explicit_method(red):
+    """``<method>_reduction`` of a reduction whose method has a vector form (pykeops's
+    ``sum_reduction``, ...): always a reduction, ``dim=-1`` an error."""
+    name = f"{red.method}_reduction"
+
+    def method(self, dim: int | None = None, axis: int | None = None, **kw: Any) -> Reduced:
+        return getattr(self, red.method)(self._index_dim(dim, axis, name), **kw)
+
+    # the result shown by the method's example, D.<method>(dim=1).tolist()
+    example = re.search(rf">>> D\.{red.method}\(dim=1\)\.tolist\(\)\n\s*(.*)",
+                        red.method_doc)
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = f""":meth:`{red.method}` over i (dim=0) or j (dim=1) (pykeops's name); always a
+    reduction: ``dim=-1`` is an error, not the vector's {red.method}.
+
+    >>> x, y = np.array([[0.0], [1.0], [3.0]]), np.array([[0.0], [2.0]])
+    >>> D = Vi(x).sqdist(Vj(y))     # (3, 2): [[0, 4], [1, 1], [9, 1]]
+    >>> D.{name}(dim=1).tolist()
+    {example.group(1)}
+    """
+    return method
+
+
+for _red in reductions.all_reductions():
+    if _red.method:
+        setattr(LazyTensor, _red.method, _reduction_method(_red))
+        setattr(LazyTensor, f"{_red.method}_reduction",
+                _explicit_method(_red) if _red.vector_op else getattr(LazyTensor, _red.method))
 
 if "torch" in sys.modules:  # the torch.library op, registered before torch traces a reduction
     engine.torch_library()
