@@ -761,8 +761,11 @@ SUITES = {
               "(benchmarks.bench_ranges)",
     "dual": "fused (dual) against symbolic gradients, Gaussian and a branchy gate, D = 3",
     "gpytorch": "K @ V with 1 to 64 columns (GPyTorch's CG), float32 and float64, vs dense torch",
-    "all": "every table of core, grad, cpu, dual and gpytorch (ranges runs alone: its pykeops "
-           "and geomloss calls take minutes)",
+    "peers": "against dense torch, torch.compile, an expert C loop and (where installed) numba, "
+             "JAX, faiss: Gaussian sum D = 3 / 64, k-NN, log-sum-exp, forward + backward; "
+             "the machine's limit (benchmarks.peers)",
+    "all": "every table of core, grad, cpu, dual and gpytorch (ranges and peers run alone: "
+           "their third-party calls take minutes)",
 }
 
 
@@ -804,6 +807,10 @@ def _plan(args) -> list:
         from .gpytorch_shapes import gpytorch_table
 
         plan.append(("GPyTorch-shaped products", lambda: gpytorch_table(args)))
+    if suite == "peers":
+        from .peers import plan as peers_plan
+
+        plan += peers_plan(args)
     return plan
 
 
@@ -826,6 +833,8 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--budget", type=float, default=None, help="seconds a contender call may take")
     p.add_argument("--dense-mb", type=int, default=1024, help="memory for torch's dense chunks")
+    p.add_argument("--threads", type=int, default=None,
+                   help="threads of every contender (peers suite; default 2)")
     p.add_argument("--write", metavar="FILE", help="also write the tables (Markdown) to FILE")
     args = p.parse_args(argv)
     quick = args.quick

@@ -166,30 +166,35 @@ extern "C" void gauss3_grad(int64_t N, int64_t M, const float* x, const float* y
   }
 }
 
-// Peak: 12 independent chains of vector FMAs per thread, `iters` steps each; returns a
-// sum so that nothing is optimised away.
+// Peak: 12 independent chains of vector operations per thread, `iters` steps each (kind
+// 0: FMAs, 1: adds, 2: 6 chains of each); returns a sum so that nothing is optimised away.
 #define CHAINS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
-static vf fma_chains(int64_t iters) {
-  const vf m = vf{} + 0.999999f, c = vf{} + 1e-6f;
+#define HALF(X) X(0) X(2) X(4) X(6) X(8) X(10)
+#define OTHER(X) X(1) X(3) X(5) X(7) X(9) X(11)
 #define DECL(k) vf a##k = vf{} + (float)k;
-#define STEP(k) a##k = a##k * m + c;
-#define ADD(k) + a##k
+#define FMA(k) a##k = a##k * m + c;
+#define ADD(k) a##k = a##k + c;
+#define SUM(k) + a##k
+static vf chains(int64_t iters, int kind) {
+  const vf m = vf{} + 0.999999f, c = vf{} + 1e-6f;
   CHAINS(DECL)
-  for (int64_t it = 0; it < iters; ++it) { CHAINS(STEP) }
-  return vf{} CHAINS(ADD);
+  if (kind == 0) for (int64_t it = 0; it < iters; ++it) { CHAINS(FMA) }
+  else if (kind == 1) for (int64_t it = 0; it < iters; ++it) { CHAINS(ADD) }
+  else for (int64_t it = 0; it < iters; ++it) { HALF(FMA) OTHER(ADD) }
+  return vf{} CHAINS(SUM);
 }
-extern "C" float fma_peak(int64_t iters, int nthreads) {
+extern "C" float peak(int64_t iters, int kind, int nthreads) {
   float total = 0;
   #pragma omp parallel num_threads(nthreads) reduction(+:total)
   {
     float t[W];
-    const vf s = fma_chains(iters);
+    const vf s = chains(iters, kind);
     memcpy(t, &s, sizeof t);
     for (int l = 0; l < W; ++l) total += t[l];
   }
   return total;
 }
-extern "C" int fma_peak_chains() { return 12; }
+
 """
 
 
@@ -212,8 +217,8 @@ class ExpertLoops:
         i64, vp, ci, cf = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
         self.lib.gauss3.argtypes = [i64, i64, vp, vp, vp, vp, ci]
         self.lib.gauss3_grad.argtypes = [i64, i64, vp, vp, vp, vp, cf, vp, vp, ci]
-        self.lib.fma_peak.argtypes = [i64, ci]
-        self.lib.fma_peak.restype = cf
+        self.lib.peak.argtypes = [i64, ci, ci]
+        self.lib.peak.restype = cf
         self.width = self.lib.vector_bytes() // 4  # float32 lanes
 
     def _prepare(self, x, y, b, s2):
@@ -256,13 +261,14 @@ class ExpertLoops:
         N = x.shape[0]
         return val[:N, None], gx[:N]
 
-    def fma_rate(self, threads: int, seconds: float = 0.2) -> float:
-        """Measured float32 FMAs per second (lanes, all threads together)."""
-        chains = self.lib.fma_peak_chains()
-        iters = 1 << 16
+    def rate(self, kind: str, threads: int, seconds: float = 0.2) -> float:
+        """Measured float32 operations per second (lanes, all threads together) of
+        ``kind``: "fma", "add", or "mixed" (as many of each, independent)."""
+        code = {"fma": 0, "add": 1, "mixed": 2}[kind]
+        iters = 1 << 14
         while True:
             t = time.perf_counter()
-            self.lib.fma_peak(iters, threads)
+            self.lib.peak(iters, code, threads)
             dt = time.perf_counter() - t
             if dt > seconds:
                 break
@@ -270,6 +276,17 @@ class ExpertLoops:
         best = dt
         for _ in range(2):  # best of three: other jobs only slow it down
             t = time.perf_counter()
-            self.lib.fma_peak(iters, threads)
+            self.lib.peak(iters, code, threads)
             best = min(best, time.perf_counter() - t)
-        return iters * chains * self.width * threads / best
+        return iters * 12 * self.width * threads / best
+
+
+# The expert loops' operations per pair and vector lane, counted in the source above by the
+# rules of benchmarks.floor: "fma" the multiply class (mul, FMA, vscalefps), "add" the rest
+# (add, sub, negation, rounding, min).
+EXPERT_OPS = {
+    # d^2: 3 sub, 1 mul + 2 FMA; exp2neg: neg, round, sub, 6 FMA, scalef; the FMA into acc
+    "gauss": {"fma": 3 + 6 + 1 + 1, "add": 3 + 3},
+    # and w = e * b, acc0 += w, 3 FMAs acc_k += w * d_k in place of the FMA into acc
+    "grad": {"fma": 3 + 6 + 1 + 1 + 3, "add": 3 + 3 + 1},
+}
