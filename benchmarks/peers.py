@@ -156,15 +156,21 @@ def ours(w: Workload, data: dict):
 
 
 def contenders(w: Workload, data: dict, threads: int, expert=None,
-               compile_backend: str = "inductor") -> dict:
-    """{name: function of no argument returning the result, or a note why it is skipped}."""
+               compile_backend: str = "inductor", primers: dict | None = None) -> dict:
+    """{name: function of no argument returning the result, or a note why it is skipped};
+    ``primers`` receives {name: a call that compiles it} for the JIT-compiled ones."""
+    primers = {} if primers is None else primers
     x, y, b, s2, g = (data[k] for k in ("x", "y", "b", "s2", "g"))
     kind = w.kind
     gg = g if kind == "grad" else None
     out = {"lazytensor": ours(w, data),
            "torch dense": lambda: pc.torch_dense(kind, x, y, b, s2, gg)}
     comp = pc.torch_compiled(kind, s2, backend=compile_backend)
-    out[f"torch.compile ({compile_backend})"] = lambda: comp(x, y, b, gg)
+    name = f"torch.compile ({compile_backend})"
+    out[name] = lambda: comp(x, y, b, gg)
+    # compiled once for the shape of a block of rows (y whole), before the timings
+    primers[name] = lambda: comp(x[:pc.COMPILE_BLOCK], y, b,
+                                 None if gg is None else gg[:pc.COMPILE_BLOCK])
     if expert is not None and w.D == 3 and kind in ("gauss", "grad"):
         out["expert C loop"] = ((lambda: expert.gauss3(x, y, b, s2, threads)) if kind == "gauss"
                                 else (lambda: expert.gauss3_grad(x, y, b, s2, g, threads)))
@@ -174,6 +180,8 @@ def contenders(w: Workload, data: dict, threads: int, expert=None,
     nb = None if why else pc.numba_contender(kind, w.D, threads)
     if why or nb is not None:
         out["numba"] = why or (lambda: nb(x, y, b, s2, gg))
+        if not why:  # numba compiles for the argument types, whatever the sizes
+            primers["numba"] = lambda: nb(x[:8], y[:32], b[:32], s2, None if gg is None else gg[:8])
     why = pc.missing("jax")
     jx = None if why else pc.jax_contender(kind, w.N, w.M, s2)
     out["JAX"] = why or (lambda: jx(x, y, b, gg))
@@ -191,11 +199,20 @@ def _keeping(fn, store: dict, name: str):
 
 
 def measure(w: Workload, rounds: int, budget: float, threads: int, expert=None,
-            compile_backend: str = "inductor") -> dict:
+            compile_backend: str = "inductor", seed: int = 0) -> dict:
     """{name: {"time", "ratio", "error", "ok"} or a note}: timed and checked."""
-    data = make_data(w)
+    import torch
+
+    torch.set_num_threads(threads)
+    data = make_data(w, seed)
     ref = reference(w, data)
-    cont = contenders(w, data, threads, expert, compile_backend)
+    primers: dict = {}
+    cont = contenders(w, data, threads, expert, compile_backend, primers)
+    for name, prime in primers.items():  # compile times stay out of the timings
+        try:
+            prime()
+        except Exception as e:  # noqa: BLE001 - a contender that fails is reported
+            cont[name] = f"failed: {type(e).__name__}: {str(e)[:80]}"
     results: dict = {}
     live = {n: _keeping(f, results, n) for n, f in cont.items() if callable(f)}
     timed = compare(live, rounds, budget)
@@ -290,10 +307,7 @@ def workload_table(w: Workload, res: dict, lim: dict | None) -> Table:
 
 def plan(args) -> list:
     """(title, table-making function) pairs for benchmarks.bench's driver."""
-    import torch
-
     threads = getattr(args, "threads", None) or 2
-    torch.set_num_threads(threads)
     state: dict = {}
 
     def expert():
