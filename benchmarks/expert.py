@@ -261,24 +261,22 @@ class ExpertLoops:
         N = x.shape[0]
         return val[:N, None], gx[:N]
 
-    def rate(self, kind: str, threads: int, seconds: float = 0.2) -> float:
-        """Measured float32 operations per second (lanes, all threads together) of
-        ``kind``: "fma", "add", or "mixed" (as many of each, independent)."""
+    def rate(self, kind: str, seconds: float = 0.3) -> float:
+        """Float32 operations per second of one core (lanes) of ``kind``: "fma", "add", or
+        "mixed" (as many of each, independent). Timed in CPU time of this process on one
+        thread, so that other jobs sharing the cores do not lower it."""
         code = {"fma": 0, "add": 1, "mixed": 2}[kind]
+
+        def cpu_time(n):
+            t = time.process_time()
+            self.lib.peak(n, code, 1)
+            return time.process_time() - t
+
         iters = 1 << 14
-        while True:
-            t = time.perf_counter()
-            self.lib.peak(iters, code, threads)
-            dt = time.perf_counter() - t
-            if dt > seconds:
-                break
+        while cpu_time(iters) < seconds / 3:
             iters *= 2
-        best = dt
-        for _ in range(2):  # best of three: other jobs only slow it down
-            t = time.perf_counter()
-            self.lib.peak(iters, code, threads)
-            best = min(best, time.perf_counter() - t)
-        return iters * 12 * self.width * threads / best
+        best = min(cpu_time(iters) for _ in range(3))
+        return iters * 12 * self.width / best
 
 
 # The expert loops' operations per pair and vector lane, counted in the source above by the

@@ -15,8 +15,9 @@ with an empty cache builds the workload's kernels). Per pair and vector lane it 
 
 Classes: "fma" (multiplies, FMAs) and "add" (adds, subtracts, negations, min/max, compares,
 selects); shifts and loads are not counted. The floor: a pair takes at least
-``max(fma / F, add / A, (fma + add) / X)`` seconds, F, A, X the measured rates (all
-threads) of independent FMAs, adds, and both mixed 1:1 (:meth:`ExpertLoops.rate`).
+``max(fma / F, add / A, (fma + add) / X)`` seconds, F, A, X the measured rates of
+independent FMAs, adds, and both mixed 1:1 (:meth:`ExpertLoops.rate`: one core, times
+the threads).
 """
 
 from __future__ import annotations
