@@ -15,7 +15,8 @@ x) are written as an expert would for this one formula:
   ``vscalefps`` (which also underflows to 0: no clamp); below it, n by the 1.5 * 2^23 shift
   and the scale built from its bits, ``d`` clamped at 125 (the exponent is never positive);
 - y component-major and padded to the vector width (b = 0 in the padding), read once per
-  ``R`` rows (each loaded vector of y_j serves ``R`` rows' accumulators);
+  ``R`` = 4 rows (2 for the value + gradient loop; each loaded vector of y_j serves that
+  many rows' accumulators);
 - float32 vector accumulators over blocks of ``JB`` columns (``JB / W`` terms per lane),
   added into float64 once per block: sums of 10^6 terms within 1e-6 of float64;
 - OpenMP over blocks of rows, denormals flushed (as the kernels run).
@@ -44,7 +45,7 @@ EXPERT_CPP = r"""
 #endif
 typedef float vf __attribute__((vector_size(VB)));
 typedef int32_t vi __attribute__((vector_size(VB)));
-enum { W = VB / 4, R = 4, JB = 1024 };
+enum { W = VB / 4, R = 4, RG = 2, JB = 1024 };  // rows a block: R, RG (with gradient)
 
 extern "C" int vector_bytes() { return VB; }
 
@@ -110,8 +111,11 @@ extern "C" void gauss3(int64_t N, int64_t M, const float* x, const float* y, con
             acc[r] += exp2neg(d0 * d0 + d1 * d1 + d2 * d2) * bj;
           }
         }
-        for (int r = 0; r < R; ++r)
-          for (int l = 0; l < W; ++l) s[r][l] += acc[r][l];
+        for (int r = 0; r < R; ++r) {
+          float t[W];
+          memcpy(t, &acc[r], sizeof t);
+          for (int l = 0; l < W; ++l) s[r][l] += t[l];
+        }
       }
       for (int r = 0; r < R; ++r) {
         double t = 0;
@@ -122,7 +126,8 @@ extern "C" void gauss3(int64_t N, int64_t M, const float* x, const float* y, con
   }
 }
 
-// The value and its gradient in one loop: val_i = sum_j e_ij b_j and
+// The value and its gradient in one loop (blocks of RG rows: its 4 accumulators a row fill
+// the registers sooner): val_i = sum_j e_ij b_j and
 // gx_i = coef * g_i * sum_j e_ij b_j (x_i - y_j) (scaled coordinates).
 extern "C" void gauss3_grad(int64_t N, int64_t M, const float* x, const float* y,
                             const float* b, const float* g, float coef, float* val,
@@ -132,30 +137,34 @@ extern "C" void gauss3_grad(int64_t N, int64_t M, const float* x, const float* y
   {
     Ftz ftz;
     #pragma omp for schedule(dynamic, 4)
-    for (int64_t i = 0; i < N; i += R) {
-      float a[R][3];
-      double s[R][4][W];
-      for (int r = 0; r < R; ++r) {
+    for (int64_t i = 0; i < N; i += RG) {
+      float a[RG][3];
+      double s[RG][4][W];
+      for (int r = 0; r < RG; ++r) {
         for (int k = 0; k < 3; ++k) a[r][k] = x[3 * (i + r) + k];
         for (int c = 0; c < 4; ++c) for (int l = 0; l < W; ++l) s[r][c][l] = 0;
       }
       for (int64_t j0 = 0; j0 < M; j0 += JB) {
         const int64_t j1 = j0 + JB < M ? j0 + JB : M;
-        vf acc[R][4];
-        for (int r = 0; r < R; ++r) for (int c = 0; c < 4; ++c) acc[r][c] = vf{};
+        vf acc[RG][4];
+        for (int r = 0; r < RG; ++r) for (int c = 0; c < 4; ++c) acc[r][c] = vf{};
         for (int64_t j = j0; j < j1; j += W) {
           const vf u0 = load(y0 + j), u1 = load(y1 + j), u2 = load(y2 + j), bj = load(b + j);
           #pragma GCC unroll 8
-          for (int r = 0; r < R; ++r) {
+          for (int r = 0; r < RG; ++r) {
             const vf d0 = a[r][0] - u0, d1 = a[r][1] - u1, d2 = a[r][2] - u2;
             const vf w = exp2neg(d0 * d0 + d1 * d1 + d2 * d2) * bj;
             acc[r][0] += w; acc[r][1] += w * d0; acc[r][2] += w * d1; acc[r][3] += w * d2;
           }
         }
-        for (int r = 0; r < R; ++r)
-          for (int c = 0; c < 4; ++c) for (int l = 0; l < W; ++l) s[r][c][l] += acc[r][c][l];
+        for (int r = 0; r < RG; ++r)
+          for (int c = 0; c < 4; ++c) {
+            float t[W];
+            memcpy(t, &acc[r][c], sizeof t);
+            for (int l = 0; l < W; ++l) s[r][c][l] += t[l];
+          }
       }
-      for (int r = 0; r < R; ++r) {
+      for (int r = 0; r < RG; ++r) {
         double t[4] = {0, 0, 0, 0};
         for (int c = 0; c < 4; ++c) for (int l = 0; l < W; ++l) t[c] += s[r][c][l];
         val[i + r] = (float)t[0];
