@@ -1,6 +1,6 @@
-"""Benchmarks: this engine against dense torch, pykeops (when importable) and a roofline.
+"""Benchmarks: this engine against dense torch, pykeops (when importable) and an expert loop.
 
-``python -m benchmarks.bench [--suite core|grad|cpu|dual|gpytorch|all] [--quick] [--write BENCHMARKS.md]``
+``python -m benchmarks.bench [--suite core|grad|cpu|dual|gpytorch|peers|all] [--quick] [--write BENCHMARKS.md]``
 (``--help`` lists what each suite measures).
 
 Method. Every table row runs its contenders in turns, one call each per round, the
@@ -14,9 +14,10 @@ time exceeds the budget is skipped (its cell says so). Contenders:
   (whole when it fits in ``--dense-mb``), then ``exp``, ``@ b`` / ``topk`` / ``logsumexp``;
 - ``pykeops``: the same formula through ``pykeops.torch.LazyTensor`` (``pip install
   pykeops==2.3``, the ``bench`` extra), when it imports and compiles;
-- ``roofline``: a hand-written C++ loop for the Gaussian D=3 product (component-major
-  j-data, inline polynomial exp, OpenMP over rows, two vector accumulators), compiled
-  here with the compiler and flags of the kernels; our pairs/s as a % of its pairs/s.
+- ``expert loop``: the hand-written C loop of :mod:`benchmarks.expert` for the Gaussian
+  D=3 product (base-2 scaled coordinates, a degree-6 polynomial exp, each loaded y_j
+  serving 4 rows, float32 block accumulators flushed to float64), compiled here with the
+  compiler and flags of the kernels; our pairs/s as a % of its pairs/s.
 
 Peak memory: in a fresh process, after a warm-up call, the resident set size sampled every
 0.5 ms during one call, minus its value before the call (inputs excluded).
@@ -37,69 +38,6 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
-
-ROOFLINE_CPP = r"""
-#include <stdint.h>
-#if defined(__AVX512F__)
-#define VB 64
-#else
-#define VB 32
-#endif
-typedef float vf __attribute__((vector_size(VB)));
-typedef int32_t vi __attribute__((vector_size(VB)));
-enum { W = VB / 4 };
-static inline vf vexp(vf x) {  // 2^n p(r), as the kernels' lt_exp
-  x = x < -87.6f ? -87.6f : x;
-  x = x > 89.0f ? 89.0f : x;
-  const vf shift = vf{} + 12583038.0f;
-  const vf t = x * 1.44269504088896341f + shift;
-  const vf n = t - shift;
-  vf r = x - n * 0.693145751953125f;
-  r = r - n * 1.42860682030941723e-6f;
-  vf p = vf{} + 2.0f / 5040.0f;
-  p = p * r + 2.0f / 720.0f; p = p * r + 2.0f / 120.0f; p = p * r + 2.0f / 24.0f;
-  p = p * r + 2.0f / 6.0f; p = p * r + 1.0f; p = p * r + 2.0f; p = p * r + 2.0f;
-  return p * (vf)((vi)t << 23);
-}
-// a_i = sum_j exp(-|x_i - y_j|^2 * g) b_j; ys: y component-major (3 x M).
-extern "C" void roofline(int64_t N, int64_t M, const float* x, const float* ys,
-                         const float* b, float g, float* out, int nthreads) {
-  const float* y0 = ys; const float* y1 = ys + M; const float* y2 = ys + 2 * M;
-  #pragma omp parallel num_threads(nthreads)
-  {
-    const unsigned csr = __builtin_ia32_stmxcsr();
-    __builtin_ia32_ldmxcsr(csr | 0x8040);  // denormals flushed, as the kernels run
-    #pragma omp for schedule(dynamic, 16)
-    for (int64_t i = 0; i < N; ++i) {
-      const float a0 = x[3 * i], a1 = x[3 * i + 1], a2 = x[3 * i + 2];
-      vf s0 = {}, s1 = {};
-      int64_t j = 0;
-      for (; j + 2 * W <= M; j += 2 * W) {
-        vf d0, d1, d2, f;
-        __builtin_memcpy(&d0, y0 + j, VB); __builtin_memcpy(&d1, y1 + j, VB);
-        __builtin_memcpy(&d2, y2 + j, VB); __builtin_memcpy(&f, b + j, VB);
-        d0 = a0 - d0; d1 = a1 - d1; d2 = a2 - d2;
-        s0 += vexp(-(d0 * d0 + d1 * d1 + d2 * d2) * g) * f;
-        __builtin_memcpy(&d0, y0 + j + W, VB); __builtin_memcpy(&d1, y1 + j + W, VB);
-        __builtin_memcpy(&d2, y2 + j + W, VB); __builtin_memcpy(&f, b + j + W, VB);
-        d0 = a0 - d0; d1 = a1 - d1; d2 = a2 - d2;
-        s1 += vexp(-(d0 * d0 + d1 * d1 + d2 * d2) * g) * f;
-      }
-      s0 += s1;
-      float s = 0;
-      for (int k = 0; k < W; ++k) s += s0[k];
-      for (; j < M; ++j) {
-        vf d = {};
-        d[0] = (a0 - y0[j]) * (a0 - y0[j]) + (a1 - y1[j]) * (a1 - y1[j]) + (a2 - y2[j]) * (a2 - y2[j]);
-        s += vexp(-d * g)[0] * b[j];
-      }
-      out[i] = s;
-    }
-    __builtin_ia32_ldmxcsr(csr);
-  }
-}
-"""
-
 
 # ------------------------------------------------------------------ timing
 
@@ -277,21 +215,16 @@ def keops_gauss(KLT, x, y, b, s2):
 
 
 class Roofline:
-    """The hand-written reference loop, compiled like the kernels."""
+    """The expert loop of :mod:`benchmarks.expert` (the D = 3 Gaussian product, compiled
+    like the kernels), in the core suite's Gaussian D = 3 table."""
 
     def __init__(self):
-        from lazytensor.codegen.compilers import cpu_compiler
+        from .expert import ExpertLoops
 
-        # loaded, the library no longer needs its file: nothing is left in the temp dir
-        with tempfile.TemporaryDirectory(prefix="lazytensor-roofline-") as tmp:
-            path = cpu_compiler().compile(ROOFLINE_CPP, Path(tmp), "roofline", "roofline loop")
-            self.fn = ctypes.CDLL(str(path)).roofline
-        self.fn.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-                            ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
+        self.loops = ExpertLoops()
 
-    def __call__(self, x, ys, b, s2, out, threads):
-        self.fn(x.shape[0], ys.shape[1], x.data_ptr(), ys.data_ptr(), b.data_ptr(), 1 / s2,
-                out.data_ptr(), threads)
+    def __call__(self, x, y, b, s2, threads):
+        return self.loops.gauss3(x, y, b, s2, threads)
 
 
 # ------------------------------------------------------------------ suites
@@ -303,7 +236,7 @@ def gauss_table(D: int, sizes: list, args, roofline=None) -> Table:
     KLT, why = _pykeops()
     cols = ["N = M", "lazytensor", "torch dense (×: its time / ours)"]
     if roofline is not None:
-        cols += ["roofline loop", "ours / roofline"]
+        cols += ["expert loop", "ours / expert loop"]
     cols.append("pykeops")
     t = _start(Table(f"Gaussian kernel product, D = {D}, float32", cols,
                      f"{runtime.num_threads()} threads; time (billion pairs/s); ×: median over "
@@ -331,16 +264,13 @@ def gauss_table(D: int, sizes: list, args, roofline=None) -> Table:
 
 
 def _gauss_contenders(data, args, roofline, KLT) -> dict:
-    import torch
-
     from lazytensor.backends.cpu import runtime
 
     x, y, b, s2 = data
     cont = {"ours": lambda: ours_gauss(x, y, b, s2),
             "torch": lambda: torch_gauss(x, y, b, s2, args.dense_mb << 20)}
     if roofline is not None:
-        ys, out = y.T.contiguous(), torch.empty(x.shape[0])
-        cont["roof"] = lambda: roofline(x, ys, b, s2, out, runtime.num_threads())
+        cont["roof"] = lambda: roofline(x, y, b, s2, runtime.num_threads())
     if KLT is not None:
         cont["keops"] = lambda: keops_gauss(KLT, x, y, b, s2)
     return cont
@@ -752,7 +682,7 @@ def machine() -> str:
 
 
 SUITES = {
-    "core": "Gaussian kernel product D = 3 (with the roofline loop) and D = 64; argKmin and "
+    "core": "Gaussian kernel product D = 3 (with the expert loop) and D = 64; argKmin and "
             "LogSumExp; call overheads; one query against many points (split-j); peak memory",
     "grad": "gradient of the Gaussian kernel product (w.r.t. x, y, sigma), D = 3 and D = 64",
     "cpu": "Gaussian kernel product D = 3, 64, 256; vector-valued terms (K @ V, attention)",
@@ -761,8 +691,11 @@ SUITES = {
               "(benchmarks.bench_ranges)",
     "dual": "fused (dual) against symbolic gradients, Gaussian and a branchy gate, D = 3",
     "gpytorch": "K @ V with 1 to 64 columns (GPyTorch's CG), float32 and float64, vs dense torch",
-    "all": "every table of core, grad, cpu, dual and gpytorch (ranges runs alone: its pykeops "
-           "and geomloss calls take minutes)",
+    "peers": "against dense torch, torch.compile, an expert C loop and (where installed) numba, "
+             "JAX, faiss: Gaussian sum D = 3 / 64, k-NN, log-sum-exp, forward + backward; "
+             "the machine's limit (benchmarks.peers)",
+    "all": "every table of core, grad, cpu, dual and gpytorch (ranges and peers run alone: "
+           "their third-party calls take minutes)",
 }
 
 
@@ -804,6 +737,10 @@ def _plan(args) -> list:
         from .gpytorch_shapes import gpytorch_table
 
         plan.append(("GPyTorch-shaped products", lambda: gpytorch_table(args)))
+    if suite == "peers":
+        from .peers import plan as peers_plan
+
+        plan += peers_plan(args)
     return plan
 
 
@@ -826,6 +763,8 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--budget", type=float, default=None, help="seconds a contender call may take")
     p.add_argument("--dense-mb", type=int, default=1024, help="memory for torch's dense chunks")
+    p.add_argument("--threads", type=int, default=None,
+                   help="threads of every contender (peers suite; default 2)")
     p.add_argument("--write", metavar="FILE", help="also write the tables (Markdown) to FILE")
     args = p.parse_args(argv)
     quick = args.quick

@@ -57,7 +57,7 @@ def main(argv: list | None = None) -> None:
     data = tables(Path(args.source).read_text())
     fig, axes = plt.subplots(1, len(data), figsize=(4 * len(data), 3.4), sharey=True)
     style = {"lazytensor": ("C0", "o-"), "torch dense": ("C1", "s-"), "pykeops": ("C3", "^-"),
-             "roofline loop": ("0.5", ":")}
+             "roofline loop": ("0.5", ":"), "expert loop": ("0.5", ":")}
     for ax, (D, series) in zip(axes, sorted(data.items())):
         for who, pts in series.items():
             color, fmt = style.get(who, (None, "o-"))
