@@ -22,6 +22,7 @@ import sys
 
 import numpy as np
 
+from ... import forks
 from ...codegen import reductions
 from ...codegen.cpu import HEADER_WORDS, dot_tiling_enabled
 from ...core import interrupt
@@ -174,36 +175,18 @@ def _load_or_build_cpu(spec: KernelSpec) -> CpuKernel:
     return CpuKernel(kernel_binary(tools, spec), spec)
 
 
-# libgomp's thread pool does not survive fork(): a child that enters a parallel region
-# after its parent ran one waits forever for threads that do not exist. So a process
-# forked after kernels ran on several threads runs its own kernels on one thread
-# (DataLoader workers do anyway: torch gives them one thread). Spawned processes are fine.
-_threads_started = False
-_forked_after_threads = False
-
-
-def _after_fork_in_child() -> None:
-    global _forked_after_threads
-    _forked_after_threads = _forked_after_threads or _threads_started
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
 def _threads_for_launch() -> int:
     """``num_threads()``, remembering that OpenMP threads exist from now on."""
-    global _threads_started
     threads = num_threads()
     if threads > 1:
-        _threads_started = True
+        forks.note_threads_started()
     return threads
 
 
 def num_threads() -> int:
     """Threads per kernel: ``$LAZYTENSOR_NUM_THREADS``, torch's setting, or the CPUs we may use;
-    1 in a child forked after kernels ran on several threads (see above)."""
-    if _forked_after_threads:
+    1 in a child forked where an OpenMP pool may have existed (:mod:`lazytensor.forks`)."""
+    if forks.forked_where_pool_may_exist():
         return 1
     env = os.environ.get("LAZYTENSOR_NUM_THREADS")
     if env:
