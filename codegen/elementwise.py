@@ -421,8 +421,21 @@ for _name, _np_name, _what, _inputs, _outputs in (
            doc=f"{_what} {_name}(a)",
            example=_example(_name, _inputs, _outputs))
 
+def _inv_or_zero(r):
+    """1 / r, and 0 where r == 0 (r >= 0 here): the value torch gives the derivatives whose
+    denominator vanishes at a singular point (atan2 at the origin)."""
+    return apply("ifelse", apply("neg", r), _c(0), apply("inv", r))
+
+
+def _atan2_derivatives(a, b):
+    """∂atan2(a, b) = (b, -a) / (a² + b²); 0 at the origin, as torch (not 0 / 0)."""
+    scale = _inv_or_zero(apply("add", apply("square", a), apply("square", b)))
+    return [apply("mul", b, scale), apply("neg", apply("mul", a, scale))]
+
+
 define("atan2", 2, interop=("numpy.arctan2", "torch.atan2", "torch.arctan2", "torch.Tensor.atan2"),
        sym=_sp("atan2"), c=_fn("atan2"), ref=_np("arctan2"), sympy_func="atan2",
+       derivs=_atan2_derivatives,
        keops=("Atan2",), method="atan2",
        doc="atan2(self, other), the angle of the point (other, self)",
        example=_example2("y.atan2(x)", "[[0.0, 0.7854, 1.1071], [0.0, 0.4636, 0.7854]]"))
@@ -466,9 +479,17 @@ define("rsqrt", 1, interop=("torch.rsqrt",),
        derivs=lambda a: [apply("mul", _c(-0.5), apply("pow", apply("rsqrt", a), params=(3.0,)))],
        keops=("Rsqrt",), method="rsqrt", doc="1 / sqrt(a), 0 at 0 (as KeOps)",
        example=_example("rsqrt", (0.0, 4.0), "[[0.0], [0.5]]"))
+def _powf_derivatives(a, b):
+    """b a^(b-1) and log(a) a^b, with torch's values where they are 0 · inf: 0 for the
+    base at b = 0, 0 for the exponent at a = 0 with b >= 0."""
+    zero_b = apply("neg", apply("abs", b))  # >= 0 only where b == 0
+    zero_a = apply("min2", apply("neg", apply("abs", a)), b)  # >= 0 where a == 0 <= b
+    return [apply("ifelse", zero_b, _c(0), apply("mul", b, apply("powf", a, apply("sub", b, _c(1))))),
+            apply("ifelse", zero_a, _c(0), apply("mul", apply("log", a), apply("powf", a, b)))]
+
+
 define("powf", 2, sym=lambda a, b: a ** b, c=_fn("pow"), ref=lambda xp, t, p: t[0] ** t[1],
-       derivs=lambda a, b: [apply("mul", b, apply("powf", a, apply("sub", b, _c(1)))),
-                            apply("mul", apply("log", a), apply("powf", a, b))],
+       derivs=_powf_derivatives,
        keops=("Powf",), method="powf",
        doc="a ** b for a formula exponent, as C pow: signed for a < 0 and integer-valued b",
        example=_example2("x.powf(y)", "[[1.0, 1.0, 1.0], [1.0, 2.0, 4.0]]"))
