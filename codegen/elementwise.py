@@ -276,11 +276,11 @@ define("neg", 1, interop=("numpy.negative", "torch.neg", "torch.negative"),
 
 
 def _pow_c(dialect, a, p):
-    p = float(p)
-    if p == int(p) and 0 <= p <= 16:
+    p = float(p)  # inf and NaN are exponents too (C pow's values are NumPy's)
+    if p.is_integer() and 0 <= p <= 16:
         n = int(p)
         return "((T)1)" if n == 0 else "(" + "*".join([a] * n) + ")"
-    if p == int(p) and -16 <= p < 0:
+    if p.is_integer() and -16 <= p < 0:
         return "((T)1/(" + "*".join([a] * int(-p)) + "))"
     if p == 0.5:
         return _fn("sqrt")(dialect, a)
@@ -295,7 +295,7 @@ def _pow_ref(xp, t, params):
         return xp.sqrt(t[0])
     if p == -0.5:
         return 1 / xp.sqrt(t[0])
-    return t[0] ** (int(p) if p == int(p) else p)
+    return t[0] ** (int(p) if float(p).is_integer() else p)
 
 
 define("pow", 1, sym=lambda a, p: a ** p, c=_pow_c, ref=_pow_ref,

@@ -22,8 +22,8 @@ import numpy as np
 from .. import fastsum
 from ..codegen import compositions, ir, ops
 from ..core import half
-from ..core.binding import Variable, array_dtype, bind, copy_into, is_torch
-from ..core.options import split_reduction_keywords
+from ..core.binding import Variable, array_dtype, bind, check_dense, copy_into, is_torch
+from ..core.options import integer_value, split_reduction_keywords
 from ..distributed import context as distributed_context
 from ..engine import plans as engine
 from ..errors import ArgumentTypeError
@@ -90,11 +90,13 @@ def _canonical(x, axis):
     )
 
 
+_ARGUMENT_NAMES = {0: "Vi's x", 1: "Vj's x", 2: "Pm's x"}  # by axis, for the errors
 _matmul_formulas: dict = {}  # (K's formula, v's variable index, v's dim) -> K * v_j
 
 
-def _as_array(x):
+def _as_array(x, what: str = "LazyTensor's x"):
     if is_torch(x) or isinstance(x, np.ndarray):
+        check_dense(x, what)
         return x
     if isinstance(x, (list, tuple)):
         try:
@@ -151,7 +153,7 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
             return
         if isinstance(x, tuple) and len(x) == 3 and all(_is_int(v) for v in x):
             _symbolic(f"LazyTensor({x})", x[1], {0: "Vi", 1: "Vj"}.get(x[2], "Pm"))  # (ind, dim, cat)
-        data, cat = _canonical(_as_array(x), axis)
+        data, cat = _canonical(_as_array(x, _ARGUMENT_NAMES.get(axis, "LazyTensor's x")), axis)
         dim = int(data.shape[-1])
         if dim < 1:
             raise ValueError(f"LazyTensor got shape {tuple(x.shape)}: the vector dimension is 0")
@@ -805,9 +807,9 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
         if dim is None:
             raise ValueError(f"{name}: say which index to reduce, dim=0 (i) or dim=1 (j)")
         nb = self.nbatchdims
-        if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
-            raise ValueError(f"{name}: dim must be an integer, got {dim!r}")
-        dim = int(dim)
+        given, dim = dim, integer_value(dim)  # the rule of Genred's axis (core.options)
+        if dim is None:
+            raise ValueError(f"{name}: dim must be an integer, got {given!r}")
         if dim < 0:
             dim += nb + 3
         if dim == nb:
@@ -821,7 +823,7 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
 
     def _vector_dim(self, dim) -> bool:
         """``dim`` is the vector dimension (-1, or nbatchdims + 2): a symbolic, not a reduction."""
-        return dim is not None and not isinstance(dim, bool) and dim in (-1, self.nbatchdims + 2)
+        return integer_value(dim) in (-1, self.nbatchdims + 2)
 
     def _reduce(self, reduction, dim, axis=None, backend="auto", opts=None, call=True, out=None,
                 grad_mode=None, ranges=None, group=None, tol=None, **unknown):
@@ -1338,7 +1340,7 @@ def Pm(x: Array | Sequence[float] | float, label: str = "") -> LazyTensor:
         _symbolic(f"Pm({x}, {label})", label, "Pm")
     if isinstance(x, numbers.Number):
         return LazyTensor(float(x), label=label)
-    x = _as_array(x)
+    x = _as_array(x, "Pm's x")
     if x.ndim == 0:
         x = x.reshape(1)
     return LazyTensor(x, axis=2, label=label)

@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import math
 import os
+import re
 import sys
 
 import numpy as np
@@ -62,18 +63,22 @@ _STACK_BUDGET = 6 << 20
 _HEAP_BUDGET = 1 << 30
 
 
+_STACKSIZE = re.compile(r"\s*(\d+)\s*([bkmgBKMG]?)\s*")
+_STACKSIZE_UNITS = {"b": 0, "k": 10, "": 10, "m": 20, "g": 30}
+
+
 def _omp_stacksize() -> int | None:
-    """Bytes of ``$OMP_STACKSIZE`` (or ``$GOMP_STACKSIZE``): a number with an optional
-    B/K/M/G suffix, kilobytes by default; None when unset or unreadable."""
-    text = (os.environ.get("OMP_STACKSIZE") or os.environ.get("GOMP_STACKSIZE") or "").strip()
-    if not text:
-        return None
-    units = {"B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    unit = units.get(text[-1].upper())
-    try:
-        return int(text[:-1] if unit else text) * (unit or 1024)
-    except ValueError:
-        return None
+    """Bytes of stack of an OpenMP thread as libgomp reads them: ``$OMP_STACKSIZE``, else
+    ``$GOMP_STACKSIZE``: a positive number with an optional B/K/M/G suffix, kilobytes by
+    default. libgomp ignores (with a warning) an invalid value, a negative one among them,
+    and so do we: None when neither variable holds a valid value."""
+    for name in ("OMP_STACKSIZE", "GOMP_STACKSIZE"):
+        match = _STACKSIZE.fullmatch(os.environ.get(name, ""))
+        if match:
+            size = int(match[1]) << _STACKSIZE_UNITS[match[2].lower()]
+            if size > 0:
+                return size
+    return None
 
 
 def stack_budget() -> int:
