@@ -332,18 +332,26 @@ define("abs", 1, interop=("numpy.absolute", "numpy.fabs", "torch.abs", "torch.ab
        derivs=lambda a: [apply("sign", a)], keops=("Abs",), method="abs",
        doc="absolute value ``|a|``",
        example=_example("abs", (-1.0, 2.0), "[[1.0], [2.0]]"))
+def _share_of_first(a, b):
+    """∂max(a, b)/∂a as torch's ``maximum``: 1 where a > b, 0 where a < b, 1/2 at a tie
+    (the gradient split evenly), NaN for NaN: (step(a - b) + 1 - step(b - a)) / 2."""
+    return apply("mul", _c(0.5), apply("add", _step(apply("sub", a, b)),
+                                       apply("sub", _c(1), _step(apply("sub", b, a)))))
+
+
 define("min2", 2, c=lambda dl, a, b: _nan_guard(f"({a} <= {b} ? {a} : {b})", a, b),
-       ref=_np("minimum"),
-       derivs=lambda a, b: [_step(apply("sub", b, a)), apply("sub", _c(1), _step(apply("sub", b, a)))])
+       ref=_np("minimum"), derivs=lambda a, b: [_share_of_first(b, a), _share_of_first(a, b)],
+       doc="the smaller of a and b (NaN for NaN); a tie splits the gradient, as torch.minimum")
 define("max2", 2, c=lambda dl, a, b: _nan_guard(f"({a} >= {b} ? {a} : {b})", a, b),
-       ref=_np("maximum"),
-       derivs=lambda a, b: [_step(apply("sub", a, b)), apply("sub", _c(1), _step(apply("sub", a, b)))])
+       ref=_np("maximum"), derivs=lambda a, b: [_share_of_first(a, b), _share_of_first(b, a)],
+       doc="the larger of a and b (NaN for NaN); a tie splits the gradient, as torch.maximum")
 define("clamp", 3, c=lambda dl, x, a, b: f"({x} < {a} ? {a} : ({x} > {b} ? {b} : {x}))",
        ref=lambda xp, t, p: xp.where(t[0] < t[1], t[1], xp.where(t[0] > t[2], t[2], t[0])),
+       # torch.clamp's: x's own on [a, b], edges included; a bound's beyond it; 0 for NaN
        derivs=lambda x, a, b: [
-           apply("mul", _step(apply("sub", x, a)), _step(apply("sub", b, x))),
-           apply("sub", _c(1), _step(apply("sub", x, a))),
-           apply("mul", _step(apply("sub", x, a)), apply("sub", _c(1), _step(apply("sub", b, x)))),
+           apply("mul", apply("ge", x, a), apply("le", x, b)),
+           apply("lt", x, a),
+           apply("mul", apply("ge", x, a), apply("gt", x, b)),
        ], doc="x clamped to [a, b]", keops=("Clamp",), method="clamp",
        example=_example2("y.clamp(x - 1, x)", "[[0.0, 1.0, 1.0], [1.0, 1.0, 2.0]]"))
 

@@ -52,6 +52,14 @@ CASES = {
     "ifelse_at_0": (lambda a, b: (a - b).sum().ifelse(a.sum() * 2.0, b.sum() * 3.0),
                     lambda a, b: torch.where((a - b).sum(-1, keepdim=True) >= 0, a.sum(-1, keepdim=True) * 2.0,
                                              b.sum(-1, keepdim=True) * 3.0)),
+    "maximum_tie": (lambda a, b: torch.maximum(a, b).sum() + torch.minimum(a, b * 2.0).sum(),
+                    lambda a, b: torch.maximum(a, b).sum(-1, keepdim=True)
+                    + torch.minimum(a, b * 2.0).sum(-1, keepdim=True)),
+    "torch_clamp_edges": (lambda a, b: torch.clamp((a - b) * 0.5, -0.5, 0.5).sum()
+                          + torch.clamp(a - b, min=0.0).sum() + torch.clamp(a - b, max=1.0).sum(),
+                          lambda a, b: torch.clamp((a - b) * 0.5, -0.5, 0.5).sum(-1, keepdim=True)
+                          + torch.clamp(a - b, min=0.0).sum(-1, keepdim=True)
+                          + torch.clamp(a - b, max=1.0).sum(-1, keepdim=True)),
     # ours by design (see the module docstring): sqrt'(0) = 0, the norm's subgradient
     "sqrt_at_0": (lambda a, b: (a - b).square().sum().sqrt(),
                   lambda a, b: torch.linalg.vector_norm(a - b, dim=-1, keepdim=True)),
