@@ -7,6 +7,8 @@ gives the child a timeout of its own and says which step hung.
 
 - during a build: another thread compiles the kernel the child asks for (the child must
   not wait for the in-process build locks of a thread it does not have);
+- a parent that dies during that build: the child (which shares the build's lock file)
+  must not keep the kernel's lock;
 - after torch's OpenMP: torch ran a parallel operation, so libgomp's pool, which our
   kernels share, holds threads the child lacks;
 - after our own threaded kernels (and a grandchild forked from that child);
@@ -87,6 +89,47 @@ time.sleep(0.05)
 # the same kernel (another constant: constants are not in the kernel's key)
 in_child(lambda: np.allclose(lazy_gaussian(x, y, 2.5), gaussian(x, y, 2.5)), what="the child")
 builder.join()
+''',
+    "parent_dies_during_a_build": '''
+x, y = rng.random((200, 3)), rng.random((300, 3))
+
+def parent():  # builds on a thread, forks the child, and dies before the build ends
+    builder = threading.Thread(target=lazy_gaussian, args=(x, y, 1.25), daemon=True)
+    builder.start()
+    deadline = time.monotonic() + 60
+    while not compiling():
+        assert time.monotonic() < deadline, "no compiler started"
+        time.sleep(0.005)
+    time.sleep(0.05)
+    pid = os.fork()
+    if pid == 0:  # the child: once the parent is gone, the kernel's lock must be free
+        with open(os.environ["RESULT"] + ".pid", "w") as f:
+            f.write(str(os.getpid()))
+        code = 3
+        try:
+            while os.getppid() == parent_pid:
+                time.sleep(0.01)
+            code = 0 if np.allclose(lazy_gaussian(x, y, 2.5), gaussian(x, y, 2.5)) else 2
+        finally:
+            with open(os.environ["RESULT"], "w") as f:
+                f.write(str(code))
+            os._exit(code)
+    os._exit(0)
+
+result = os.environ["RESULT"] = os.path.join(os.environ["LAZYTENSOR_CACHE_DIR"] + "-result")
+first = os.fork()
+if first == 0:
+    parent_pid = os.getpid()
+    parent()
+os.waitpid(first, 0)
+deadline = time.monotonic() + 45
+while not os.path.exists(result) or not open(result).read():
+    if time.monotonic() > deadline:
+        print("the orphaned child hung for 45 s", flush=True)
+        os.kill(int(open(result + ".pid").read()), 9)
+        sys.exit(1)
+    time.sleep(0.05)
+assert open(result).read() == "0", open(result).read()
 ''',
     "after_torch_openmp": '''
 import torch
