@@ -322,8 +322,9 @@ define("sign", 1, interop=("numpy.sign", "torch.sign"),
        ref=_np("sign"), differentiable=False, keops=("Sign",), method="sign",
        doc="the sign of a: -1, 0 or 1 (NaN for NaN)",
        example=_example("sign", (-2.0, 0.0), "[[-1.0], [0.0]]"))
+# the reference takes 0 at 0 as well, so that its torch gradient there is torch's relu's, 0
 define("relu", 1, c=lambda dl, a: f"({a} < 0 ? (T)0 : {a})",
-       ref=lambda xp, t, p: xp.where(t[0] < 0, xp.zeros_like(t[0]), t[0]),
+       ref=lambda xp, t, p: xp.where(t[0] <= 0, xp.zeros_like(t[0]), t[0]),
        derivs=lambda a: [apply("sub", _c(1), _step(apply("neg", a)))], keops=("ReLU",),
        method="relu", doc="max(a, 0) (relu(-inf) = 0)",
        example=_example("relu", (-1.0, 2.0), "[[0.0], [2.0]]"))

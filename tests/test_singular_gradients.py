@@ -119,3 +119,22 @@ def test_sqrt_at_0_differs_from_torch_by_design():
     ones = Vj(torch.ones(2, 1, dtype=torch.float64))
     ours, = torch.autograd.grad((Vi(xs).sqrt() * ones).sum(dim=1, grad_mode="symbolic").sum(), [xs])
     assert torch.equal(ours, torch.zeros_like(ours))
+
+
+@needs_cxx
+@pytest.mark.parametrize("reduction", ["min", "max", "kmin"])
+def test_gradients_through_indices_follow_the_same_conventions(reduction, rng):
+    """Min, max and K-min gradients are computed at the pairs their indices select: there
+    too sqrt'(0) and relu'(0) are 0 (as the Sum's gradient), not NaN and 1."""
+    x = torch.from_numpy(rng.standard_normal((30, 1)))
+    y = torch.cat([x[:20], torch.from_numpy(rng.standard_normal((10, 1)))])  # u = 0 pairs
+    xs, ys = x.clone().requires_grad_(), y.clone().requires_grad_()
+    sign = -1.0 if reduction == "max" else 1.0
+    F = (Vi(xs) - Vj(ys)).abs().sqrt() * sign + (Vi(xs) - Vj(ys)).relu() * 1e-3
+    out = F.Kmin(2, dim=1) if reduction == "kmin" else getattr(F, reduction)(dim=1)
+    gx, gy = torch.autograd.grad(out.sum(), [xs, ys])
+    assert torch.isfinite(gx).all() and torch.isfinite(gy).all()
+    # the rows whose best pair is x_i = y_i: there the pair's gradient is exactly 0
+    zero_rows = torch.arange(20)
+    if reduction != "kmin":
+        assert torch.equal(gx[zero_rows], torch.zeros_like(gx[zero_rows]))
