@@ -20,8 +20,8 @@ only for formulas of arithmetic ops, whose value is the same at every position o
 functions evaluated by the vector maths library can differ by an ulp between a tile's
 body and its tail, which is a separate fix.
 
-CI runs a dozen examples (each compiles 1-3 kernels); ``LAZYTENSOR_HYPOTHESIS_EXAMPLES``
-runs more.
+CI runs 20 examples (each compiles 1-3 kernels: 10-50 s on two busy cores);
+``LAZYTENSOR_HYPOTHESIS_EXAMPLES`` runs more.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from lazytensor import Vi, Vj
 
 pytestmark = pytest.mark.skipif(not compilers.cpu_compiler().available, reason="no C++ compiler")
 
-EXAMPLES = int(os.environ.get("LAZYTENSOR_HYPOTHESIS_EXAMPLES") or 12)
+EXAMPLES = int(os.environ.get("LAZYTENSOR_HYPOTHESIS_EXAMPLES") or 20)
 D = 2
 
 

@@ -1,4 +1,5 @@
-"""Gradients at the ops' singular points follow torch's conventions, in every grad mode.
+"""Gradients at the ops' singular points follow torch's conventions, in every grad mode
+(symbolic, dual) and through the indices of min, max and the K-min family.
 
 Each case is a formula of ``u = x_i - y_j`` (and ``x_i``, ``y_j``) over points chosen so
 that many pairs sit exactly on the op's singular point (u = 0, a base 0 with an exponent
