@@ -38,6 +38,7 @@ _POLL = 0.05  # seconds between tries of a lock held by another process
 _table_lock = threading.Lock()  # guards _thread_locks
 _thread_locks: dict[tuple[object, str], threading.Lock] = {}
 _local = threading.local()  # .held: the (root, key) locks this thread holds
+_held_fds: set[int] = set()  # the descriptors of the flocks held by this process's threads
 
 
 def _held() -> set[tuple[object, str]]:
@@ -166,10 +167,12 @@ def key_lock(root: Root, key: str, timeout: float | None) -> Iterator[KeyLock]:
             lock = KeyLock(fd)
             lock.claim()
             held.add((root.ident, key))
+            _held_fds.add(fd)
             try:
                 yield lock
             finally:
                 held.discard((root.ident, key))
+                _held_fds.discard(fd)
                 fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
@@ -179,10 +182,19 @@ def key_lock(root: Root, key: str, timeout: float | None) -> Iterator[KeyLock]:
 
 def _reset_in_child() -> None:
     # A lock that another thread held at fork time would stay locked in the child.
-    global _table_lock, _thread_locks, _local
+    global _table_lock, _thread_locks, _local, _held_fds
     _table_lock = threading.Lock()
     _thread_locks = {}
     _local = threading.local()
+    # The child shares the flocks the parent's threads held (same open files): closed
+    # here (not unlocked, which would release them for the parent), so that a parent that
+    # dies during its build releases the key instead of leaving it to this child.
+    for fd in _held_fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _held_fds = set()
 
 
 if hasattr(os, "register_at_fork"):

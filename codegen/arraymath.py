@@ -60,12 +60,25 @@ def _broadcast_leading(arrays, lib):
     return [lib.broadcast_to(a, (*shape, a.shape[-1])) for a in arrays]
 
 
+def _torch_sqrt(a):
+    """sqrt whose derivative at 0 is 0, as the sqrt op's (KeOps's convention; torch's is
+    inf): the gradients computed through these references (of min, max and the K-min
+    family, at the pairs their indices select) then agree with the kernels'."""
+    import torch
+
+    if not a.requires_grad:
+        return torch.sqrt(a)
+    zero = a == 0
+    return torch.where(zero, torch.zeros_like(a), torch.sqrt(torch.where(zero, torch.ones_like(a), a)))
+
+
 @functools.cache
 def torch_namespace() -> SimpleNamespace:
     import torch
 
     ns = {name: getattr(torch, name) for name in _SAME_NAMES}
     ns.update(
+        sqrt=_torch_sqrt,
         erf=torch.erf,
         erfc=torch.erfc,
         vsum=lambda a: a.sum(dim=-1, keepdim=True),

@@ -278,11 +278,11 @@ define("neg", 1, interop=("numpy.negative", "torch.neg", "torch.negative"),
 
 
 def _pow_c(dialect, a, p):
-    p = float(p)
-    if p == int(p) and 0 <= p <= 16:
+    p = float(p)  # inf and NaN are exponents too (C pow's values are NumPy's)
+    if p.is_integer() and 0 <= p <= 16:
         n = int(p)
         return "((T)1)" if n == 0 else "(" + "*".join([a] * n) + ")"
-    if p == int(p) and -16 <= p < 0:
+    if p.is_integer() and -16 <= p < 0:
         return "((T)1/(" + "*".join([a] * int(-p)) + "))"
     if p == 0.5:
         return _fn("sqrt")(dialect, a)
@@ -297,7 +297,7 @@ def _pow_ref(xp, t, params):
         return xp.sqrt(t[0])
     if p == -0.5:
         return 1 / xp.sqrt(t[0])
-    return t[0] ** (int(p) if p == int(p) else p)
+    return t[0] ** (int(p) if float(p).is_integer() else p)
 
 
 define("pow", 1, sym=lambda a, p: a ** p, c=_pow_c, ref=_pow_ref,
@@ -324,8 +324,9 @@ define("sign", 1, interop=("numpy.sign", "torch.sign"),
        ref=_np("sign"), differentiable=False, keops=("Sign",), method="sign",
        doc="the sign of a: -1, 0 or 1 (NaN for NaN)",
        example=_example("sign", (-2.0, 0.0), "[[-1.0], [0.0]]"))
+# the reference takes 0 at 0 as well, so that its torch gradient there is torch's relu's, 0
 define("relu", 1, c=lambda dl, a: f"({a} < 0 ? (T)0 : {a})",
-       ref=lambda xp, t, p: xp.where(t[0] < 0, xp.zeros_like(t[0]), t[0]),
+       ref=lambda xp, t, p: xp.where(t[0] <= 0, xp.zeros_like(t[0]), t[0]),
        derivs=lambda a: [apply("sub", _c(1), _step(apply("neg", a)))], keops=("ReLU",),
        method="relu", doc="max(a, 0) (relu(-inf) = 0)",
        example=_example("relu", (-1.0, 2.0), "[[0.0], [2.0]]"))
@@ -334,18 +335,26 @@ define("abs", 1, interop=("numpy.absolute", "numpy.fabs", "torch.abs", "torch.ab
        derivs=lambda a: [apply("sign", a)], keops=("Abs",), method="abs",
        doc="absolute value ``|a|``",
        example=_example("abs", (-1.0, 2.0), "[[1.0], [2.0]]"))
+def _share_of_first(a, b):
+    """∂max(a, b)/∂a as torch's ``maximum``: 1 where a > b, 0 where a < b, 1/2 at a tie
+    (the gradient split evenly), NaN for NaN: (step(a - b) + 1 - step(b - a)) / 2."""
+    return apply("mul", _c(0.5), apply("add", _step(apply("sub", a, b)),
+                                       apply("sub", _c(1), _step(apply("sub", b, a)))))
+
+
 define("min2", 2, c=lambda dl, a, b: _nan_guard(f"({a} <= {b} ? {a} : {b})", a, b),
-       ref=_np("minimum"),
-       derivs=lambda a, b: [_step(apply("sub", b, a)), apply("sub", _c(1), _step(apply("sub", b, a)))])
+       ref=_np("minimum"), derivs=lambda a, b: [_share_of_first(b, a), _share_of_first(a, b)],
+       doc="the smaller of a and b (NaN for NaN); a tie splits the gradient, as torch.minimum")
 define("max2", 2, c=lambda dl, a, b: _nan_guard(f"({a} >= {b} ? {a} : {b})", a, b),
-       ref=_np("maximum"),
-       derivs=lambda a, b: [_step(apply("sub", a, b)), apply("sub", _c(1), _step(apply("sub", a, b)))])
+       ref=_np("maximum"), derivs=lambda a, b: [_share_of_first(a, b), _share_of_first(b, a)],
+       doc="the larger of a and b (NaN for NaN); a tie splits the gradient, as torch.maximum")
 define("clamp", 3, c=lambda dl, x, a, b: f"({x} < {a} ? {a} : ({x} > {b} ? {b} : {x}))",
        ref=lambda xp, t, p: xp.where(t[0] < t[1], t[1], xp.where(t[0] > t[2], t[2], t[0])),
+       # torch.clamp's: x's own on [a, b], edges included; a bound's beyond it; 0 for NaN
        derivs=lambda x, a, b: [
-           apply("mul", _step(apply("sub", x, a)), _step(apply("sub", b, x))),
-           apply("sub", _c(1), _step(apply("sub", x, a))),
-           apply("mul", _step(apply("sub", x, a)), apply("sub", _c(1), _step(apply("sub", b, x)))),
+           apply("mul", apply("ge", x, a), apply("le", x, b)),
+           apply("lt", x, a),
+           apply("mul", apply("ge", x, a), apply("gt", x, b)),
        ], doc="x clamped to [a, b]", keops=("Clamp",), method="clamp",
        example=_example2("y.clamp(x - 1, x)", "[[0.0, 1.0, 1.0], [1.0, 1.0, 2.0]]"))
 
@@ -423,8 +432,21 @@ for _name, _np_name, _what, _inputs, _outputs in (
            doc=f"{_what} {_name}(a)",
            example=_example(_name, _inputs, _outputs))
 
+def _inv_or_zero(r):
+    """1 / r, and 0 where r == 0 (r >= 0 here): the value torch gives the derivatives whose
+    denominator vanishes at a singular point (atan2 at the origin)."""
+    return apply("ifelse", apply("neg", r), _c(0), apply("inv", r))
+
+
+def _atan2_derivatives(a, b):
+    """∂atan2(a, b) = (b, -a) / (a² + b²); 0 at the origin, as torch (not 0 / 0)."""
+    scale = _inv_or_zero(apply("add", apply("square", a), apply("square", b)))
+    return [apply("mul", b, scale), apply("neg", apply("mul", a, scale))]
+
+
 define("atan2", 2, interop=("numpy.arctan2", "torch.atan2", "torch.arctan2", "torch.Tensor.atan2"),
        sym=_sp("atan2"), c=_fn("atan2"), ref=_np("arctan2"), sympy_func="atan2",
+       derivs=_atan2_derivatives,
        keops=("Atan2",), method="atan2",
        doc="atan2(self, other), the angle of the point (other, self)",
        example=_example2("y.atan2(x)", "[[0.0, 0.7854, 1.1071], [0.0, 0.4636, 0.7854]]"))
@@ -468,9 +490,17 @@ define("rsqrt", 1, interop=("torch.rsqrt",),
        derivs=lambda a: [apply("mul", _c(-0.5), apply("pow", apply("rsqrt", a), params=(3.0,)))],
        keops=("Rsqrt",), method="rsqrt", doc="1 / sqrt(a), 0 at 0 (as KeOps)",
        example=_example("rsqrt", (0.0, 4.0), "[[0.0], [0.5]]"))
+def _powf_derivatives(a, b):
+    """b a^(b-1) and log(a) a^b, with torch's values where they are 0 · inf: 0 for the
+    base at b = 0, 0 for the exponent at a = 0 with b >= 0."""
+    zero_b = apply("neg", apply("abs", b))  # >= 0 only where b == 0
+    zero_a = apply("min2", apply("neg", apply("abs", a)), b)  # >= 0 where a == 0 <= b
+    return [apply("ifelse", zero_b, _c(0), apply("mul", b, apply("powf", a, apply("sub", b, _c(1))))),
+            apply("ifelse", zero_a, _c(0), apply("mul", apply("log", a), apply("powf", a, b)))]
+
+
 define("powf", 2, sym=lambda a, b: a ** b, c=_fn("pow"), ref=lambda xp, t, p: t[0] ** t[1],
-       derivs=lambda a, b: [apply("mul", b, apply("powf", a, apply("sub", b, _c(1)))),
-                            apply("mul", apply("log", a), apply("powf", a, b))],
+       derivs=_powf_derivatives,
        keops=("Powf",), method="powf",
        doc="a ** b for a formula exponent, as C pow: signed for a < 0 and integer-valued b",
        example=_example2("x.powf(y)", "[[1.0, 1.0, 1.0], [1.0, 2.0, 4.0]]"))

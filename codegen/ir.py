@@ -18,6 +18,7 @@ and common subterms are shared for free.
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 import weakref
 from collections.abc import Iterable, Iterator
@@ -73,6 +74,16 @@ class Node:
 
 _table: weakref.WeakValueDictionary[tuple, Node] = weakref.WeakValueDictionary()
 _table_lock = threading.Lock()
+
+
+def _reset_in_child() -> None:
+    # another thread may have held the lock at fork time: it would stay held in the child
+    global _table_lock
+    _table_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_in_child)
 
 
 def _canon_param(p):

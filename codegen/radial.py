@@ -269,7 +269,7 @@ def smooth_at_zero(profile: ir.Node, params: dict) -> bool:
             return False
         if node.op == "pow":
             p = node.params[0]
-            if args[0] <= 0 and not (p == int(p) and p >= 0):
+            if args[0] <= 0 and not (float(p).is_integer() and p >= 0):
                 return False
     return True
 

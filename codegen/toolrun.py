@@ -24,6 +24,7 @@ import signal
 import stat
 import struct
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -121,6 +122,34 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
+# While Popen starts the compiler, this process holds the write ends of the pipes the
+# compiler writes to, until the compiler is started. A process forked from another
+# thread in that moment would hold them too, for as long as it lives: the compiler's
+# output would never end for communicate(), and the build would never finish (a child
+# that waits for that build, through the cache's lock, would wait forever). So a fork
+# waits for the compiler's start to be over (a few milliseconds), as pthread_atfork's
+# handlers do. An RLock: a Popen that runs a preexec_fn runs these handlers in its thread.
+_spawn_lock = threading.RLock()
+
+
+def _before_fork() -> None:
+    _spawn_lock.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    _spawn_lock.release()
+
+
+def _after_fork_in_child() -> None:
+    global _spawn_lock
+    _spawn_lock = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                        after_in_child=_after_fork_in_child)
+
+
 def run_tool(cmd: list[str], dir_fd: int | None, timeout: float,
              env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run ``cmd`` in the directory ``dir_fd`` (its own session and process group), with
@@ -136,11 +165,12 @@ def run_tool(cmd: list[str], dir_fd: int | None, timeout: float,
         env["TMPDIR"] = "."  # the compiler's temporary files stay in the build directory
         # The child changes into the held directory itself (passed down), not into a name.
         cwd, pass_fds = f"/proc/self/fd/{dir_fd}", (dir_fd,)
-    proc = subprocess.Popen(
-        cmd, cwd=cwd, pass_fds=pass_fds, env=env, stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
-        start_new_session=True,
-    )
+    with _spawn_lock:  # no fork() of ours while the pipes' write ends are open here
+        proc = subprocess.Popen(
+            cmd, cwd=cwd, pass_fds=pass_fds, env=env, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
+            start_new_session=True,
+        )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

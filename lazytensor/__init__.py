@@ -116,6 +116,7 @@ __all__ = ["ComplexLazyTensor", "LazyTensor", "Pm", "Vi", "Vj", "__version__", "
            "generic_sum", "options", "set_default_grad_mode"]
 
 
+from . import forks  # noqa: E402,F401 - fork safety from the first import (see forks)
 from .lazy_exports import lazy_exports  # noqa: E402
 
 __getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

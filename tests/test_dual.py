@@ -231,3 +231,35 @@ def test_auto_picks_dual_mode_within_the_measured_crossover(E, k, want, rng):
     dense = torch.exp(-((xd[:, None] - y[None]) ** 2).sum(-1)) @ b
     expect, = torch.autograd.grad(dense.square().sum(), [xd])
     torch.testing.assert_close(got, expect, rtol=1e-9, atol=1e-12)
+
+
+# Every input reaches F only through ops of zero derivative: no tangent is distinct, and
+# the gradient is zero, as in symbolic mode (dual mode once failed indexing the empty
+# tangents). The formulas: a neighbour count, signs, floors, comparisons, and an ifelse
+# whose condition alone reads the inputs.
+_ZERO_DERIVATIVE = {
+    "step": lambda xi, yj, p: (0.5 - xi.sqdist(yj)).step(),
+    "sign": lambda xi, yj, p: (xi - yj).sum(-1).sign() * p.sign(),
+    "floor": lambda xi, yj, p: (xi * yj).sum(-1).floor() + (p * 3).floor(),
+    "compare": lambda xi, yj, p: (xi.sqdist(yj) < p) + (xi.sqdist(yj) >= 1.0),
+    "ifelse": lambda xi, yj, p: (xi.sqdist(yj) - p).ifelse(2.0, -1.0),
+}
+
+
+@needs_cxx
+@pytest.mark.parametrize("mode", ["dual", "auto", "symbolic"])
+@pytest.mark.parametrize("name", sorted(_ZERO_DERIVATIVE))
+def test_gradient_through_zero_derivative_ops_only_is_zero(name, mode, rng):
+    n, m = 300, 250  # 75 000 pairs: "auto" fuses from 2 ** 16
+    dtype = torch.float32 if name in ("step", "ifelse") else torch.float64
+    x = torch.tensor(rng.standard_normal((n, 3)), dtype=dtype, requires_grad=True)
+    y = torch.tensor(rng.standard_normal((m, 3)), dtype=dtype)
+    p = torch.tensor([0.7], dtype=dtype, requires_grad=True)
+    F = _ZERO_DERIVATIVE[name](Vi(x), Vj(y), Pm(p))
+    out = F.sum(dim=1, grad_mode=mode)
+    gx, gp = torch.autograd.grad(out.square().sum(), [x, p], allow_unused=True)
+    assert gx is not None and gx.shape == x.shape and torch.equal(gx, torch.zeros_like(x))
+    assert gp is None or torch.equal(gp, torch.zeros_like(p))
+    c = (0.5 - Vi(x).sqdist(Vj(y))).step().sum(dim=1, grad_mode=mode)  # the report's case
+    c.sum().backward()
+    assert torch.equal(x.grad, torch.zeros_like(x))

@@ -32,7 +32,8 @@ PACKAGES = {"lazytensor": ROOT / "lazytensor", "lazytensor.codegen": ROOT / "cod
 # The layers of lazytensor/, lowest first: folders (and the modules directly in
 # lazytensor/ that belong to a layer); "" is the package's own __init__.
 LAYERS = (
-    ("", "errors", "lazy_exports"),  # the public names (loaded by name on first use), errors
+    ("", "errors", "lazy_exports", "forks"),  # the public names (loaded by name on first use),
+    # errors, the fork-safety record
     ("core",),  # binding, options, the call, kernels and the backend protocol
     ("backends",),  # one folder per backend: cpu, cuda, reference
     ("autodiff",),  # autograd, dual numbers, torch.func rules

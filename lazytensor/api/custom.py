@@ -18,14 +18,14 @@ from __future__ import annotations
 import hashlib
 import inspect
 import keyword
-import threading
 from typing import Callable
 
+from .. import forks
 from ..codegen import elementwise as ew
 from ..codegen import ops, parse, sympy_bridge
 from ..core.binding import is_torch
 
-_lock = threading.Lock()
+_lock = forks.lock()
 _DEFINED: dict = {}  # name -> UserFunction
 
 

@@ -23,7 +23,7 @@ import numpy as np
 from .. import fastsum
 from ..codegen import ops, parse, reductions
 from ..core import half
-from ..core.binding import Variable, copy_into, is_torch
+from ..core.binding import Variable, check_dense, copy_into, is_torch
 from ..core.options import check_axis, gpu_options, keops_reduction, reduction_options
 from ..engine import plans as engine
 from ..errors import ArgumentTypeError
@@ -58,7 +58,7 @@ class Genred:
                  enable_chunks: bool = True, rec_multVar_highdim: Any = None,
                  use_fast_math: bool | None = None, cuda_type: str | None = None,
                  tol: float | None = None):
-        check_axis(axis)
+        axis = check_axis(axis)
         self.reduction, self.opts = keops_reduction(reduction_op, opt_arg, formula2)
         self.opts.update(gpu_options("auto", None, use_fast_math)[1])
         scope = parse.Scope(aliases)
@@ -170,6 +170,7 @@ def bind_one(decl, x, k):
         x = np.asarray(x, dtype=np.float64)
     if not (is_torch(x) or isinstance(x, np.ndarray)):
         raise ArgumentTypeError(f"{what}: expected a NumPy array or a torch tensor, got {type(x).__name__}")
+    check_dense(x, what)
     io_dtype = half.half_dtype(x)
     if io_dtype:
         x = half.to_compute(x)

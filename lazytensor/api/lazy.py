@@ -24,8 +24,8 @@ import numpy as np
 from .. import fastsum
 from ..codegen import compositions, ir, ops, reductions
 from ..core import half
-from ..core.binding import Variable, array_dtype, bind, copy_into, is_torch
-from ..core.options import integer_option, split_reduction_keywords
+from ..core.binding import Variable, array_dtype, bind, check_dense, copy_into, is_torch
+from ..core.options import integer_option, integer_value, split_reduction_keywords
 from ..distributed import context as distributed_context
 from ..engine import plans as engine
 from ..errors import ArgumentTypeError
@@ -92,11 +92,13 @@ def _canonical(x, axis):
     )
 
 
+_ARGUMENT_NAMES = {0: "Vi's x", 1: "Vj's x", 2: "Pm's x"}  # by axis, for the errors
 _matmul_formulas: dict = {}  # (K's formula, v's variable index, v's dim) -> K * v_j
 
 
-def _as_array(x):
+def _as_array(x, what: str = "LazyTensor's x"):
     if is_torch(x) or isinstance(x, np.ndarray):
+        check_dense(x, what)
         return x
     if isinstance(x, (list, tuple)):
         try:
@@ -157,7 +159,7 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
             v = symbolic.leaf(*x, call=f"LazyTensor({x})")
             self.formula, self.variables = ir.var(0, v.dim, v.cat), [v]
             return
-        data, cat = _canonical(_as_array(x), axis)
+        data, cat = _canonical(_as_array(x, _ARGUMENT_NAMES.get(axis, "LazyTensor's x")), axis)
         dim = int(data.shape[-1])
         if dim < 1:
             raise ValueError(f"LazyTensor got shape {tuple(x.shape)}: the vector dimension is 0")
@@ -841,7 +843,7 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
 
     def _vector_dim(self, dim) -> bool:
         """``dim`` is the vector dimension (-1, or nbatchdims + 2): a symbolic, not a reduction."""
-        return dim is not None and not isinstance(dim, bool) and dim in (-1, self.nbatchdims + 2)
+        return integer_value(dim) in (-1, self.nbatchdims + 2)
 
     def _reduce(self, reduction, dim, axis=None, backend="auto", opts=None, call=True, out=None,
                 grad_mode=None, ranges=None, group=None, tol=None, **unknown):
@@ -1081,7 +1083,7 @@ def Pm(x: Array | Sequence[float] | float, label: str = "") -> LazyTensor:
         return _symbolic_leaf(symbolic.leaf(x, label, "p", f"Pm({x}, {label})"))
     if isinstance(x, numbers.Number):
         return LazyTensor(float(x), label=label)
-    x = _as_array(x)
+    x = _as_array(x, "Pm's x")
     if x.ndim == 0:
         x = x.reshape(1)
     return LazyTensor(x, axis=2, label=label)

@@ -392,7 +392,7 @@ class KernelSolve:
                  use_double_acc: bool = False, sum_scheme: str = "auto",
                  enable_chunks: bool = True, rec_multVar_highdim: Any = None,
                  use_fast_math: bool = True, cuda_type: str | None = None):
-        check_axis(axis)
+        axis = check_axis(axis)
         scope = parse.Scope(aliases)
         self.formula = scope.parse(formula)
         self.variables = scope.variables()

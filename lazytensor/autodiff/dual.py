@@ -179,7 +179,10 @@ def _slot_gradients(J: torch.Tensor, g: torch.Tensor, fused: Fused, dims: list,
     if J.device.type == "cpu" and J.dtype in (torch.float32, torch.float64):
         slot = np.einsum("...kf,...f->...k", J[..., : fused.n_unique, :].numpy(), g.numpy())
         if remap:  # tangent t = scales[t] * distinct tangent index[t]; index n_unique: zero
-            slot = np.concatenate([slot, np.zeros_like(slot[..., :1])], -1)[..., list(fused.index)]
+            # the zero column: of shape (..., 1) even when no tangent is distinct (then
+            # ``slot`` has none, and every input reaches F through zero-derivative ops only)
+            zero = np.zeros(slot.shape[:-1] + (1,), dtype=slot.dtype)
+            slot = np.concatenate([slot, zero], -1)[..., list(fused.index)]
             slot *= np.asarray(fused.scales, dtype=slot.dtype)
         out, offset = [], 0
         for d, rows in zip(dims, row_sums):

@@ -26,6 +26,28 @@ def is_torch(x) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
+def check_dense(x, what: str) -> None:
+    """Refuse arrays whose values are not all there to read as one block: a sparse torch
+    tensor (COO, CSR, ... layouts) and a NumPy masked array (its mask would be dropped).
+    ``what`` names the argument in the message (a TypeError).
+
+    >>> check_dense(np.ma.masked_array([1.0, 2.0], mask=[0, 1]), "Vi's x")
+    Traceback (most recent call last):
+    ...
+    lazytensor.errors.ArgumentTypeError: Vi's x: a masked NumPy array (shape (2,)) would lose its mask; expected a plain array: convert it with .filled(value) (or take its .data)
+    """
+    if is_torch(x):
+        layout = x.layout
+        if layout is not sys.modules["torch"].strided:
+            raise ArgumentTypeError(
+                f"{what}: a sparse torch tensor (layout {layout}, shape {tuple(x.shape)}); "
+                "expected a dense (strided) tensor: convert it with .to_dense()")
+    elif isinstance(x, np.ma.MaskedArray):
+        raise ArgumentTypeError(
+            f"{what}: a masked NumPy array (shape {x.shape}) would lose its mask; expected a "
+            "plain array: convert it with .filled(value) (or take its .data)")
+
+
 def array_dtype(x) -> str:
     if is_torch(x):
         return str(x.dtype).replace("torch.", "")

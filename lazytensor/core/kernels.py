@@ -157,9 +157,23 @@ _locks_lock = threading.Lock()
 _build_locks: dict = {}
 
 
+def _reset_in_child() -> None:
+    # A build another thread had under way at fork time goes on in the parent only: its
+    # locks would stay held in the child forever. The child builds (or, once the parent
+    # has stored it, loads) such a kernel itself; the disk cache's lock orders the two.
+    global _locks_lock, _build_locks
+    _locks_lock = threading.Lock()
+    _build_locks = {}
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_in_child)
+
+
 def load_once(table: dict, key, load: Callable):
     """``table[key]``, filled by ``load()`` on a miss; threads asking for the same key
-    at the same time wait for one load."""
+    at the same time wait for one load (a child forked meanwhile does not: see
+    :func:`_reset_in_child`)."""
     kernel = table.get(key)
     if kernel is not None:
         return kernel

@@ -101,11 +101,29 @@ def gpu_options(backend, device_id=None, use_fast_math=None) -> tuple:
     return backend, ({"use_fast_math": True} if use_fast_math is True else {})
 
 
+def integer_value(value) -> int | None:
+    """``value`` as a Python int when it is an integer by :func:`integer_option`'s rule
+    (an int, a NumPy integer, a 0-d integer NumPy array or torch tensor); None for
+    anything else (floats, even 1.0, and booleans).
+
+    >>> import numpy as np
+    >>> integer_value(np.int64(1)), integer_value(np.array(0)), integer_value(1.0), integer_value(True)
+    (1, 0, None, None)
+    """
+    try:
+        return integer_option(value, "", "")
+    except ValueError:
+        return None
+
+
 def check_axis(axis) -> int:
-    """``Genred``/``KernelSolve``'s ``axis``: 0 (reduction over i) or 1 (over j)."""
-    if isinstance(axis, bool) or axis not in (0, 1):
-        raise ValueError(f"axis must be 0 (reduction over i) or 1 (over j), got {axis!r}")
-    return int(axis)
+    """``Genred``/``KernelSolve``'s ``axis``: 0 (reduction over i) or 1 (over j), an integer
+    by the rule of :func:`integer_value` (``axis=1.0`` is refused, as ``sum(dim=1.0)``)."""
+    value = integer_value(axis)
+    if value not in (0, 1):
+        raise ValueError(f"axis must be the integer 0 (reduction over i) or 1 (over j), got "
+                         f"{axis!r}")
+    return value
 
 
 def _sum_type_names() -> str:

@@ -25,13 +25,13 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
-import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
+from .. import forks
 from ..codegen import ir, reductions
 from ..core import backend as backends
 from ..core import half
@@ -103,7 +103,7 @@ class PlanCache:
     def __init__(self, size: int):
         self.size = size
         self._plans: OrderedDict = OrderedDict()
-        self._lock = threading.Lock()
+        self._lock = forks.lock()
 
     def get(self, key):
         plan = self._plans.get(key)

@@ -11,12 +11,12 @@ is kept for the next call on the same points, so iterative solvers plan once.
 
 from __future__ import annotations
 
-import threading
 import zlib
 from collections import OrderedDict
 
 import numpy as np
 
+from .. import forks
 from ..codegen import ir, ops
 from ..core.binding import Variable, is_torch
 from ..core.progress import logger
@@ -30,7 +30,7 @@ from .split import near_formula, near_variables
 
 _PLANS: OrderedDict = OrderedDict()
 _PLANS_SIZE = 4  # a plan holds float64 copies of the points, cells and coefficients
-_lock = threading.Lock()
+_lock = forks.lock()
 _said: set = set()
 
 

@@ -17,6 +17,7 @@ formula and the vector axis of a vector one, and ``np.sum(K, axis=1)`` has shape
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
@@ -259,9 +260,20 @@ def minimum(a, b):
 
 
 def clip(x, low, high):
-    """``min(max(x, low), high)``, NumPy's and torch's definition (``high`` wins if low > high)."""
+    """``min(max(x, low), high)``, NumPy's and torch's definition (``high`` wins if low > high).
+
+    With bounds that are numbers, the ``clamp`` op: its gradient is torch.clamp's (x's own
+    inside ``[low, high]``, edges included). Formula bounds go through ``maximum`` and
+    ``minimum``, which split the gradient of a tie as torch's maximum and minimum do, and
+    carry a NaN bound into the result as NumPy does."""
     if low is None and high is None:
         raise Unsupported("needs a lower or an upper bound")
+    numbers_only = all(b is None or (isinstance(b, numbers.Real) and not isinstance(b, bool)
+                                     and b == b) for b in (low, high))
+    if numbers_only and isinstance(x, LazyTensor):
+        lo = -math.inf if low is None else float(low)
+        hi = math.inf if high is None else float(high)
+        return x._op("clamp", min(lo, hi), hi)
     out = x if low is None else maximum(x, low)
     return out if high is None else minimum(out, high)
 

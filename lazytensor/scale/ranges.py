@@ -40,12 +40,12 @@ with the same (or the transposed) ranges.
 
 from __future__ import annotations
 
-import threading
 import zlib
 from collections import OrderedDict
 
 import numpy as np
 
+from .. import forks
 from ..core.binding import bind, is_torch
 from ..engine import plans as engine
 
@@ -225,7 +225,7 @@ def reduce(formula, variables: list, reduction: str, axis: int, opts: dict, back
 # same contents (torch: the version counter of in-place changes; NumPy: a checksum).
 _CACHE_SIZE = 8
 _cache: OrderedDict = OrderedDict()
-_cache_lock = threading.Lock()
+_cache_lock = forks.lock()
 
 
 def _stamp(a):

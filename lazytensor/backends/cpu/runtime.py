@@ -18,10 +18,12 @@ import dataclasses
 import functools
 import math
 import os
+import re
 import sys
 
 import numpy as np
 
+from ... import forks
 from ...codegen import reductions
 from ...codegen.cpu import HEADER_WORDS, dot_tiling_enabled
 from ...core import interrupt
@@ -61,18 +63,22 @@ _STACK_BUDGET = 6 << 20
 _HEAP_BUDGET = 1 << 30
 
 
+_STACKSIZE = re.compile(r"\s*(\d+)\s*([bkmgBKMG]?)\s*")
+_STACKSIZE_UNITS = {"b": 0, "k": 10, "": 10, "m": 20, "g": 30}
+
+
 def _omp_stacksize() -> int | None:
-    """Bytes of ``$OMP_STACKSIZE`` (or ``$GOMP_STACKSIZE``): a number with an optional
-    B/K/M/G suffix, kilobytes by default; None when unset or unreadable."""
-    text = (os.environ.get("OMP_STACKSIZE") or os.environ.get("GOMP_STACKSIZE") or "").strip()
-    if not text:
-        return None
-    units = {"B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    unit = units.get(text[-1].upper())
-    try:
-        return int(text[:-1] if unit else text) * (unit or 1024)
-    except ValueError:
-        return None
+    """Bytes of stack of an OpenMP thread as libgomp reads them: ``$OMP_STACKSIZE``, else
+    ``$GOMP_STACKSIZE``: a positive number with an optional B/K/M/G suffix, kilobytes by
+    default. libgomp ignores (with a warning) an invalid value, a negative one among them,
+    and so do we: None when neither variable holds a valid value."""
+    for name in ("OMP_STACKSIZE", "GOMP_STACKSIZE"):
+        match = _STACKSIZE.fullmatch(os.environ.get(name, ""))
+        if match:
+            size = int(match[1]) << _STACKSIZE_UNITS[match[2].lower()]
+            if size > 0:
+                return size
+    return None
 
 
 def stack_budget() -> int:
@@ -174,36 +180,18 @@ def _load_or_build_cpu(spec: KernelSpec) -> CpuKernel:
     return CpuKernel(kernel_binary(tools, spec), spec)
 
 
-# libgomp's thread pool does not survive fork(): a child that enters a parallel region
-# after its parent ran one waits forever for threads that do not exist. So a process
-# forked after kernels ran on several threads runs its own kernels on one thread
-# (DataLoader workers do anyway: torch gives them one thread). Spawned processes are fine.
-_threads_started = False
-_forked_after_threads = False
-
-
-def _after_fork_in_child() -> None:
-    global _forked_after_threads
-    _forked_after_threads = _forked_after_threads or _threads_started
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
 def _threads_for_launch() -> int:
     """``num_threads()``, remembering that OpenMP threads exist from now on."""
-    global _threads_started
     threads = num_threads()
     if threads > 1:
-        _threads_started = True
+        forks.note_threads_started()
     return threads
 
 
 def num_threads() -> int:
     """Threads per kernel: ``$LAZYTENSOR_NUM_THREADS``, torch's setting, or the CPUs we may use;
-    1 in a child forked after kernels ran on several threads (see above)."""
-    if _forked_after_threads:
+    1 in a child forked where an OpenMP pool may have existed (:mod:`lazytensor.forks`)."""
+    if forks.forked_where_pool_may_exist():
         return 1
     env = os.environ.get("LAZYTENSOR_NUM_THREADS")
     if env:

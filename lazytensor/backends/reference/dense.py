@@ -22,10 +22,31 @@ import numpy as np
 from ...codegen import ir, reductions
 from ...codegen.evaluate import evaluate
 
+REF_CHUNK_ENV = "LAZYTENSOR_REF_CHUNK"
+
+
+def chunk_budget() -> int:
+    """Pair-components per chunk: ``$LAZYTENSOR_REF_CHUNK`` (a positive integer), else 2**22.
+
+    >>> chunk_budget() > 0
+    True
+    """
+    text = os.environ.get(REF_CHUNK_ENV, "").strip()
+    if not text:
+        return 1 << 22
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"${REF_CHUNK_ENV} must be a positive integer (pair-components per "
+                         f"chunk of the reference backend), got {text!r}")
+    return value
+
 
 def _chunks(M: int, width: int) -> tuple[int, int]:
     """(rows, columns) of a chunk: about ``LAZYTENSOR_REF_CHUNK`` pair-components."""
-    budget = int(os.environ.get("LAZYTENSOR_REF_CHUNK", 1 << 22))
+    budget = chunk_budget()
     cols = max(1, min(M, budget // max(1, width)))
     return max(1, budget // (cols * max(1, width))), cols
 
