@@ -169,7 +169,8 @@ def _check_values(name, out, dense, exact: bool):
     else:  # indices: the values there are the smallest ones, in order
         k = out.shape[1]
         picked = torch.gather(dense, 1, out)
-        ordered = torch.sort(dense.nan_to_num(float("inf")), 1).values[:, :k]
+        # NaN sorted as +inf (nan_to_num would also turn +inf into the largest float)
+        ordered = torch.sort(torch.where(dense.isnan(), float("inf"), dense), 1).values[:, :k]
         rows = ~dense.isnan().any(1)  # NaN orders last (np.sort): compared by value elsewhere
         if exact:
             assert torch.equal(picked[rows], ordered[rows]), f"{name}: not the smallest values"
