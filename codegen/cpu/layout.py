@@ -78,6 +78,24 @@ class Layout:
         return max(1, (self.buffer_dims + raw) * size)
 
 
+def _column_loop(body: str, computed: bool) -> str:
+    """The loop of the chunk's columns jj < nc running ``body`` (which writes column
+    ``jp``). Computed columns (``lt_col``) go by whole blocks of LT_TW columns, those
+    past nc computing column nc - 1 again into the padding (zeroed after): every column
+    through the same vector code, none through a scalar remainder loop, whose libm
+    functions differ from the vector ones in the last bit (equal points, equal values)."""
+    if not computed:
+        return f"    for (int64_t jj = 0; jj < nc; ++jj) {{ const int64_t jp = jj; {body} }}"
+    return f"""    for (int64_t jq = 0; jq < nc; jq += LT_TW) {{
+      #pragma GCC ivdep
+      #pragma GCC unroll 1
+      for (int l = 0; l < LT_TW; ++l) {{
+        const int64_t jp = jq + l, jj = jp < nc ? jp : nc - 1;
+        {body}
+      }}
+    }}"""
+
+
 def stage_chunk(L: Layout) -> str:
     """Copies (and columns) of the chunk [c0, c1) into S, zero-padded to ncp columns:
     staged ones at ``S[(off + k) * JCH + j]``, packed ones in panels of LT_NR columns
@@ -102,20 +120,20 @@ def stage_chunk(L: Layout) -> str:
             src = "src"
         writes, pads = [], []
         if k in L.stage_offset:
-            writes.append(f"T* Y = S + {L.stage_offset[k]} * JCH + jj; "
+            writes.append(f"T* Y = S + {L.stage_offset[k]} * JCH + jp; "
                           f"for (int q = 0; q < {d}; ++q) Y[q * JCH] = {src}[q];")
             pads.append(f"{{ T* Y = S + {L.stage_offset[k]} * JCH; for (int q = 0; q < {d}; ++q) "
                         f"for (int64_t jj = nc; jj < ncp; ++jj) Y[q * JCH + jj] = 0; }}")
         if k in L.pack_offset and k in L.col_source:
-            writes.append(f"T* Z = S + {L.pack_offset[k]} * JCH + jj / LT_NR * (LT_NR * {d}) "
-                          f"+ jj % LT_NR; for (int q = 0; q < {d}; ++q) Z[q * LT_NR] = o[q];")
+            writes.append(f"T* Z = S + {L.pack_offset[k]} * JCH + jp / LT_NR * (LT_NR * {d}) "
+                          f"+ jp % LT_NR; for (int q = 0; q < {d}; ++q) Z[q * LT_NR] = o[q];")
             pads.append(f"for (int64_t jj = nc; jj < ncp; ++jj) {{ T* Z = S + {L.pack_offset[k]} "
                         f"* JCH + jj / LT_NR * (LT_NR * {d}) + jj % LT_NR; "
                         f"for (int q = 0; q < {d}; ++q) Z[q * LT_NR] = 0; }}")
         elif k in L.pack_offset:
             pads.append(f"lt_pack<{d}>(P{k} + c0 * {d}, nc, ncp, S + {L.pack_offset[k]} * JCH);")
         if writes:
-            out.append(f"    for (int64_t jj = 0; jj < nc; ++jj) {{ {' '.join(body + writes)} }}")
+            out.append(_column_loop(" ".join(body + writes), k in L.col_source))
         out.extend(f"    {p}" for p in pads)
     for k, dot in norms.items():
         D = dot.dim

@@ -220,13 +220,13 @@ def _pair_loop(L: Layout, F: int, jloads: list, call: list, lanes: int, fbuf: st
     if L.wide:
         return _vector_pairs(F, jloads, call)
     if lanes:
-        store = "fb[k * TJ + jj] += o[k]"
+        store = "fb[k * TJ + jp] += jp < nj ? o[k] : (T)0"
         hand_over = f"""          if ((j0 - c0) / TJ % {lanes} == {lanes - 1} || j0 + TJ >= c1) {{
             {acc_call("A[i - i0]", "tile", "fb", "TJ", "j0")}
             for (int q = 0; q < {F} * TJ; ++q) fb[q] = 0;
           }}"""
         return _lane_pairs(F, jloads, call, _tile_loop(F, jloads, call, store, "jv"), hand_over)
-    store = f"{fbuf}[k * TJ + jj] = o[k]"
+    store = f"{fbuf}[k * TJ + jp] = o[k]"
     hand_over = f"          {acc_call('A[i - i0]', 'tile', fbuf, 'nj', 'j0')}{after_tile}"
     return _tile_loop(F, jloads, call, store, "0") + "\n" + hand_over
 
@@ -243,15 +243,27 @@ def _vector_pairs(F: int, jloads: list, call: list) -> str:
 
 
 def _tile_loop(F: int, jloads: list, call: list, store: str, start: str) -> str:
-    """The pairs [start, nj) of a tile, vectorized across j, each value stored by ``store``."""
-    return f"""          // GCC ivdep, not omp simd: omp simd privatizes the local arrays before inlining
+    """The pairs [start, nj) of a tile, vectorized across j, each value stored by ``store``
+    (``jp``: the pair's column in the tile).
+
+    By whole blocks of LT_TW columns, the columns past nj reading column nj - 1 again
+    (their values are not stored, or stored past nj where nothing reads them): every
+    column goes through the same vector code, never a scalar remainder loop, whose
+    libm functions differ from the vector ones (libmvec) in the last bit; equal pairs
+    then have equal values wherever they are in a tile (ties go to the lowest index)."""
+    return f"""          for (int jq = {start}; jq < nj; jq += LT_TW) {{
+          // GCC ivdep, not omp simd: omp simd privatizes the local arrays before inlining
           // and then fails to vectorize; with ivdep they are scalarized and it vectorizes.
+          // unroll 1: a loop of LT_TW scalar calls unrolled before it is vectorized.
           #pragma GCC ivdep
-          {loop("jj", "nj", start)} {{
+          #pragma GCC unroll 1
+          for (int l = 0; l < LT_TW; ++l) {{
+            const int jp = jq + l, jj = jp < nj ? jp : nj - 1;
 {_NL.join(jloads)}
             {array("o", F)}
             {formula_call(call)}
             for (int k = 0; k < {F}; ++k) {store};
+          }}
           }}"""
 
 
@@ -276,6 +288,7 @@ def _lane_pairs(F: int, jloads: list, call: list, rest: str, hand_over: str) -> 
           for (; jv + LT_W <= nj; jv += LT_W) {{
             alignas(64) T ob[{F}][LT_W];
             #pragma GCC ivdep
+            #pragma GCC unroll 1
             for (int l = 0; l < LT_W; ++l) {{
               const int jj = jv + l;
 {vec_loads}
