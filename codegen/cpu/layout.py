@@ -78,22 +78,36 @@ class Layout:
         return max(1, (self.buffer_dims + raw) * size)
 
 
-def _column_loop(body: str, computed: bool) -> str:
-    """The loop of the chunk's columns jj < nc running ``body`` (which writes column
-    ``jp``). Computed columns (``lt_col``) go by whole blocks of LT_TW columns, those
-    past nc computing column nc - 1 again into the padding (zeroed after): every column
-    through the same vector code, none through a scalar remainder loop, whose libm
-    functions differ from the vector ones in the last bit (equal points, equal values)."""
-    if not computed:
-        return f"    for (int64_t jj = 0; jj < nc; ++jj) {{ const int64_t jp = jj; {body} }}"
-    return f"""    for (int64_t jq = 0; jq < nc; jq += LT_TW) {{
-      #pragma GCC ivdep
+def _column_loop(k: int, d: int, writes: str, col: tuple | None) -> str:
+    """The loop of the chunk's columns jj < nc running ``writes`` (which write column
+    ``jp`` of variable k, dimension d, from ``src``). ``col`` = (source, its dimension) of
+    a computed column (``lt_col{k}``): by whole blocks of LT_TW columns, the last block on a copy of its
+    source rows (row nc - 1 past nc; its values past nc land in the padding, zeroed
+    after), so that every column goes through the same vector code, none through a
+    scalar remainder loop, whose libm functions differ from the vector ones in the last
+    bit (equal points, equal values)."""
+    if col is None:
+        return (f"    for (int64_t jj = 0; jj < nc; ++jj) {{ const int64_t jp = jj; "
+                f"const T* src = P{k} + (c0 + jj) * {d}; {writes} }}")
+    s, ds = col
+
+    def block(row: str) -> str:
+        return f"""      #pragma GCC ivdep
       #pragma GCC unroll 1
       for (int l = 0; l < LT_TW; ++l) {{
-        const int64_t jp = jq + l, jj = jp < nc ? jp : nc - 1;
-        {body}
-      }}
-    }}"""
+        const int64_t jp = jq + l;
+        T src[{d}]; lt_col{k}({row}, src); {writes}
+      }}"""
+    return f"""    {{ int64_t jq = 0;
+    for (; jq + LT_TW <= nc; jq += LT_TW) {{
+{block(f"P{s} + (c0 + jq + l) * {ds}")}
+    }}
+    if (jq < nc) {{
+      T Q[LT_TW * {ds}];
+      for (int l = 0; l < LT_TW; ++l) for (int c = 0; c < {ds}; ++c)
+        Q[l * {ds} + c] = P{s}[(c0 + (jq + l < nc ? jq + l : nc - 1)) * {ds} + c];
+{block(f"Q + l * {ds}")}
+    }} }}"""
 
 
 def stage_chunk(L: Layout) -> str:
@@ -111,13 +125,8 @@ def stage_chunk(L: Layout) -> str:
         k, d = v.index, v.dim
         if k in norms:
             continue
-        if k in L.col_source:
-            s = L.col_source[k]
-            body = [f"T o[{d}]; lt_col{k}(P{s} + (c0 + jj) * {dims[s]}, o);"]
-            src = "o"
-        else:
-            body = [f"const T* src = P{k} + (c0 + jj) * {d};"]
-            src = "src"
+        col = (L.col_source[k], dims[L.col_source[k]]) if k in L.col_source else None
+        src = "src"
         writes, pads = [], []
         if k in L.stage_offset:
             writes.append(f"T* Y = S + {L.stage_offset[k]} * JCH + jp; "
@@ -126,14 +135,14 @@ def stage_chunk(L: Layout) -> str:
                         f"for (int64_t jj = nc; jj < ncp; ++jj) Y[q * JCH + jj] = 0; }}")
         if k in L.pack_offset and k in L.col_source:
             writes.append(f"T* Z = S + {L.pack_offset[k]} * JCH + jp / LT_NR * (LT_NR * {d}) "
-                          f"+ jp % LT_NR; for (int q = 0; q < {d}; ++q) Z[q * LT_NR] = o[q];")
+                          f"+ jp % LT_NR; for (int q = 0; q < {d}; ++q) Z[q * LT_NR] = src[q];")
             pads.append(f"for (int64_t jj = nc; jj < ncp; ++jj) {{ T* Z = S + {L.pack_offset[k]} "
                         f"* JCH + jj / LT_NR * (LT_NR * {d}) + jj % LT_NR; "
                         f"for (int q = 0; q < {d}; ++q) Z[q * LT_NR] = 0; }}")
         elif k in L.pack_offset:
             pads.append(f"lt_pack<{d}>(P{k} + c0 * {d}, nc, ncp, S + {L.pack_offset[k]} * JCH);")
         if writes:
-            out.append(_column_loop(" ".join(body + writes), k in L.col_source))
+            out.append(_column_loop(k, d, " ".join(writes), col))
         out.extend(f"    {p}" for p in pads)
     for k, dot in norms.items():
         D = dot.dim
