@@ -114,3 +114,22 @@ def test_identical_points_have_identical_values(dtype, dim, reduction, rng):
                 assert got.shape[0] == n
                 assert np.array_equal(got, np.broadcast_to(got[:1], got.shape), equal_nan=True), (
                     chunk, n, dtype, dim, reduction, got)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_identical_columns_of_block_sparse_intervals_have_identical_values(dtype, rng):
+    """A block-sparse sum stages the columns of consecutive intervals together (computed
+    columns too): two blocks of identical rows over the same 40 identical columns, one as
+    one interval and one as four of 10, have identical sums."""
+    n, m = 8, 40
+    u = np.full((n, 1), rng.uniform(0.1, 0.45), dtype=dtype)
+    x8 = np.tile(rng.uniform(0.1, 0.45, (1, 8)), (m, 1)).astype(dtype)
+    ranges = (np.array([[0, 4], [4, 8]]), np.array([1, 5]),
+              np.array([[0, 40], [0, 10], [10, 20], [20, 30], [30, 40]]),
+              np.array([[0, 40]]), np.array([2]), np.array([[0, 4], [4, 8]]))
+    for chunk in _CHUNKS:
+        f = _column_formula(chunk, Vi(u), Vj(x8))
+        f.ranges = ranges
+        got = np.asarray(f.sum(dim=1))
+        assert np.array_equal(got, np.broadcast_to(got[:1], got.shape), equal_nan=True), (
+            chunk, dtype, got)

@@ -52,10 +52,10 @@ def row_block(L: Layout, F: int, R: str, after_tile: str = "", lanes: int = 0,
         decl.append(h_decl)
         block_ptrs.insert(0, h_ptr)
     prep_item, prep_block = _preparation(L, R, block_ptrs, pack)
-    row_ptrs, jloads, call, in_place = _pair_operands(L, gathered)
+    row_ptrs, jloads, call, unstaged = _pair_operands(L, gathered)
     if after_rows:
         row_ptrs.append(f"          T* const fbr = fb + (size_t)r * {F} * TJ;")
-    pair_loop = _pair_loop(L, F, (jloads, in_place), call, lanes, "fbr" if after_rows else "fb",
+    pair_loop = _pair_loop(L, F, (jloads, unstaged), call, lanes, "fbr" if after_rows else "fb",
                            after_tile)
     rows = _rows_of_chunk(R, block_ptrs, prep_block, _dot_calls(L), row_ptrs, pair_loop,
                           after_rows)
