@@ -235,7 +235,8 @@ def _pair_loop(L: Layout, F: int, loads: tuple, call: list, lanes: int, fbuf: st
             {acc_call("A[i - i0]", "tile", "fb", "TJ", "j0")}
             for (int q = 0; q < {F} * TJ; ++q) fb[q] = 0;
           }}"""
-        return _lane_pairs(F, jloads, call, _tile_loop(F, loads, call, store, "jv"), hand_over)
+        rest = _tile_loop(F, loads, call, store, "jv", whole=False)
+        return _lane_pairs(F, jloads, call, rest, hand_over)
     store = f"{fbuf}[k * TJ + jp] = o[k]"
     hand_over = f"          {acc_call('A[i - i0]', 'tile', fbuf, 'nj', 'j0')}{after_tile}"
     return _tile_loop(F, loads, call, store, "0") + "\n" + hand_over
@@ -252,7 +253,8 @@ def _vector_pairs(F: int, jloads: list, call: list) -> str:
           }}"""
 
 
-def _tile_loop(F: int, loads: tuple, call: list, store: str, start: str) -> str:
+def _tile_loop(F: int, loads: tuple, call: list, store: str, start: str,
+               whole: bool = True) -> str:
     """The pairs [start, nj) of a tile, vectorized across j, each value stored by ``store``
     (``jp``: the pair's column in the tile).
 
@@ -261,7 +263,8 @@ def _tile_loop(F: int, loads: tuple, call: list, store: str, start: str) -> str:
     ones (libmvec) in the last bit; equal pairs then have equal values wherever they are
     (ties go to the lowest index). A last block past nj reads the staged columns' zero
     padding, and the j-variables read in place from a copy of its columns (column nj - 1
-    past nj); its values past nj are not stored, or stored where nothing reads them."""
+    past nj); its values past nj are not stored, or stored where nothing reads them.
+    ``whole`` false: [start, nj) is less than a block (the rest of a sum's lanes)."""
     jloads, in_place = loads
     copies = [f"            T Q{k}[LT_TW * {d}];\n"
               f"            for (int l = 0; l < LT_TW; ++l) for (int c = 0; c < {d}; ++c) "
@@ -271,8 +274,9 @@ def _tile_loop(F: int, loads: tuple, call: list, store: str, start: str) -> str:
             for k, d in in_place.items()}
     last_loads = [last.get(j, j) for j in jloads]
     # the whole blocks as one loop (a loop of blocks cost 9% of a D = 3 argKmin's time)
-    return f"""          const int jq = {start} + (nj - {start}) / LT_TW * LT_TW;
-{_block(F, jloads, call, store, start, "jq")}
+    blocks = _block(F, jloads, call, store, start, "jq") if whole else ""
+    return f"""          const int jq = {f"{start} + (nj - {start}) / LT_TW * LT_TW" if whole else start};
+{blocks}
           if (jq < nj) {{
 {_NL.join(copies)}
 {_block(F, last_loads, call, store, "0", "LT_TW", "jq + ")}
