@@ -229,7 +229,9 @@ class CpuRenderer(CRenderer):
             red = reductions.get(reduction)
             src.append(wide_acc_code(lin, opts) if red.wide == "sum"
                        else wide_softmax_acc_code(lin, red))
-        src.append(f"static const int64_t JCH = {shape.jch};  // columns per staged chunk\n")
+        src.append(f"static const int64_t JCH = {shape.jch};  // columns per staged chunk\n"
+                   "// columns of a tile (and of a chunk) the pair loops compute at once\n"
+                   "enum { LT_TW = TJ < LT_W ? TJ : LT_W };\n")
         if L.n_row_values:
             row_in = [v for v in L.orig if v.cat in ("i", "p")]
             src.append(self.function("lt_rowvals", [d.node for d in plan.rows], row_in,

@@ -78,6 +78,38 @@ class Layout:
         return max(1, (self.buffer_dims + raw) * size)
 
 
+def _column_loop(k: int, d: int, writes: str, col: tuple | None) -> str:
+    """The loop of the chunk's columns jj < nc running ``writes`` (which write column
+    ``jp`` of variable k, dimension d, from ``src``). ``col`` = (source, its dimension) of
+    a computed column (``lt_col{k}``): by whole blocks of LT_TW columns, the last block on a copy of its
+    source rows (row nc - 1 past nc; its values past nc land in the padding, zeroed
+    after), so that every column goes through the same vector code, none through a
+    scalar remainder loop, whose libm functions differ from the vector ones in the last
+    bit (equal points, equal values)."""
+    if col is None:
+        return (f"    for (int64_t jj = 0; jj < nc; ++jj) {{ const int64_t jp = jj; "
+                f"const T* src = P{k} + (c0 + jj) * {d}; {writes} }}")
+    s, ds = col
+
+    def block(row: str) -> str:
+        return f"""      #pragma GCC ivdep
+      #pragma GCC unroll 1
+      for (int l = 0; l < LT_TW; ++l) {{
+        const int64_t jp = jq + l;
+        T src[{d}]; lt_col{k}({row}, src); {writes}
+      }}"""
+    return f"""    {{ int64_t jq = 0;
+    for (; jq + LT_TW <= nc; jq += LT_TW) {{
+{block(f"P{s} + (c0 + jq + l) * {ds}")}
+    }}
+    if (jq < nc) {{
+      T Q[LT_TW * {ds}];
+      for (int l = 0; l < LT_TW; ++l) for (int c = 0; c < {ds}; ++c)
+        Q[l * {ds} + c] = P{s}[(c0 + (jq + l < nc ? jq + l : nc - 1)) * {ds} + c];
+{block(f"Q + l * {ds}")}
+    }} }}"""
+
+
 def stage_chunk(L: Layout) -> str:
     """Copies (and columns) of the chunk [c0, c1) into S, zero-padded to ncp columns:
     staged ones at ``S[(off + k) * JCH + j]``, packed ones in panels of LT_NR columns
@@ -93,29 +125,24 @@ def stage_chunk(L: Layout) -> str:
         k, d = v.index, v.dim
         if k in norms:
             continue
-        if k in L.col_source:
-            s = L.col_source[k]
-            body = [f"T o[{d}]; lt_col{k}(P{s} + (c0 + jj) * {dims[s]}, o);"]
-            src = "o"
-        else:
-            body = [f"const T* src = P{k} + (c0 + jj) * {d};"]
-            src = "src"
+        col = (L.col_source[k], dims[L.col_source[k]]) if k in L.col_source else None
+        src = "src"
         writes, pads = [], []
         if k in L.stage_offset:
-            writes.append(f"T* Y = S + {L.stage_offset[k]} * JCH + jj; "
+            writes.append(f"T* Y = S + {L.stage_offset[k]} * JCH + jp; "
                           f"for (int q = 0; q < {d}; ++q) Y[q * JCH] = {src}[q];")
             pads.append(f"{{ T* Y = S + {L.stage_offset[k]} * JCH; for (int q = 0; q < {d}; ++q) "
                         f"for (int64_t jj = nc; jj < ncp; ++jj) Y[q * JCH + jj] = 0; }}")
         if k in L.pack_offset and k in L.col_source:
-            writes.append(f"T* Z = S + {L.pack_offset[k]} * JCH + jj / LT_NR * (LT_NR * {d}) "
-                          f"+ jj % LT_NR; for (int q = 0; q < {d}; ++q) Z[q * LT_NR] = o[q];")
+            writes.append(f"T* Z = S + {L.pack_offset[k]} * JCH + jp / LT_NR * (LT_NR * {d}) "
+                          f"+ jp % LT_NR; for (int q = 0; q < {d}; ++q) Z[q * LT_NR] = src[q];")
             pads.append(f"for (int64_t jj = nc; jj < ncp; ++jj) {{ T* Z = S + {L.pack_offset[k]} "
                         f"* JCH + jj / LT_NR * (LT_NR * {d}) + jj % LT_NR; "
                         f"for (int q = 0; q < {d}; ++q) Z[q * LT_NR] = 0; }}")
         elif k in L.pack_offset:
             pads.append(f"lt_pack<{d}>(P{k} + c0 * {d}, nc, ncp, S + {L.pack_offset[k]} * JCH);")
         if writes:
-            out.append(f"    for (int64_t jj = 0; jj < nc; ++jj) {{ {' '.join(body + writes)} }}")
+            out.append(_column_loop(k, d, " ".join(writes), col))
         out.extend(f"    {p}" for p in pads)
     for k, dot in norms.items():
         D = dot.dim

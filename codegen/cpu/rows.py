@@ -52,10 +52,11 @@ def row_block(L: Layout, F: int, R: str, after_tile: str = "", lanes: int = 0,
         decl.append(h_decl)
         block_ptrs.insert(0, h_ptr)
     prep_item, prep_block = _preparation(L, R, block_ptrs, pack)
-    row_ptrs, jloads, call = _pair_operands(L, gathered)
+    row_ptrs, jloads, call, unstaged = _pair_operands(L, gathered)
     if after_rows:
         row_ptrs.append(f"          T* const fbr = fb + (size_t)r * {F} * TJ;")
-    pair_loop = _pair_loop(L, F, jloads, call, lanes, "fbr" if after_rows else "fb", after_tile)
+    pair_loop = _pair_loop(L, F, (jloads, unstaged), call, lanes, "fbr" if after_rows else "fb",
+                           after_tile)
     rows = _rows_of_chunk(R, block_ptrs, prep_block, _dot_calls(L), row_ptrs, pair_loop,
                           after_rows)
     ptr_args = ", ".join(f"const T* __restrict__ P{v.index}" for v in L.orig)
@@ -181,10 +182,11 @@ def _dot_calls(L: Layout) -> list:
 
 
 def _pair_operands(L: Layout, gathered: dict) -> tuple:
-    """(pointers of a row, loads of a pair, arguments of ``lt_formula``): a dot product's
-    tile, a row value, an i-variable or parameter in place, a staged j-variable or column,
-    a gathered j-variable, or a j-variable of dimension 1 read in place."""
-    row_ptrs, jloads, call = [], [], []
+    """(pointers of a row, loads of a pair, arguments of ``lt_formula``, {index: dim} of
+    the j-variables read in place): a dot product's tile, a row value, an i-variable or
+    parameter in place, a staged j-variable or column, a gathered j-variable, or a
+    j-variable of dimension 1 read in place."""
+    row_ptrs, jloads, call, in_place = [], [], [], {}
     for v in L.formula_specs:
         k = v.index
         if k in L.dot_index:
@@ -208,27 +210,36 @@ def _pair_operands(L: Layout, gathered: dict) -> tuple:
             row_ptrs.append(f"          const T* Y{k} = S + {gathered[k][0]} * JCH + t0;")
             jloads.append(f"            const T y{k}[1] = {{Y{k}[jj]}};")
         else:  # a j-variable of dimension 1 (or one the formula does not read): in place
-            jloads.append(f"            const T* y{k} = P{k} + (j0 + jj) * {v.dim};")
+            jloads.append(_in_place_load(k, v.dim))
+            if v.dim == 1:  # (a wider one is not read)
+                in_place[k] = v.dim
         row_value = k not in L.dot_index and (k in L.row_offset or v.cat == "i")
         call.append(f"v{k}" if row_value else f"y{k}")
-    return row_ptrs, jloads, call
+    return row_ptrs, jloads, call, in_place
 
 
-def _pair_loop(L: Layout, F: int, jloads: list, call: list, lanes: int, fbuf: str,
+def _in_place_load(k: int, dim: int) -> str:
+    return f"            const T* y{k} = P{k} + (j0 + jj) * {dim};"
+
+
+def _pair_loop(L: Layout, F: int, loads: tuple, call: list, lanes: int, fbuf: str,
                after_tile: str) -> str:
-    """The pairs of one row and one tile, and the tile handed to the accumulator."""
+    """The pairs of one row and one tile, and the tile handed to the accumulator
+    (``loads``: the loads of a pair and the j-variables they read in place)."""
+    jloads = loads[0]
     if L.wide:
         return _vector_pairs(F, jloads, call)
     if lanes:
-        store = "fb[k * TJ + jj] += o[k]"
+        store = "fb[k * TJ + jp] += jp < nj ? o[k] : (T)0"
         hand_over = f"""          if ((j0 - c0) / TJ % {lanes} == {lanes - 1} || j0 + TJ >= c1) {{
             {acc_call("A[i - i0]", "tile", "fb", "TJ", "j0")}
             for (int q = 0; q < {F} * TJ; ++q) fb[q] = 0;
           }}"""
-        return _lane_pairs(F, jloads, call, _tile_loop(F, jloads, call, store, "jv"), hand_over)
-    store = f"{fbuf}[k * TJ + jj] = o[k]"
+        rest = _tile_loop(F, loads, call, store, "jv", whole=False)
+        return _lane_pairs(F, jloads, call, rest, hand_over)
+    store = f"{fbuf}[k * TJ + jp] = o[k]"
     hand_over = f"          {acc_call('A[i - i0]', 'tile', fbuf, 'nj', 'j0')}{after_tile}"
-    return _tile_loop(F, jloads, call, store, "0") + "\n" + hand_over
+    return _tile_loop(F, loads, call, store, "0") + "\n" + hand_over
 
 
 def _vector_pairs(F: int, jloads: list, call: list) -> str:
@@ -242,12 +253,46 @@ def _vector_pairs(F: int, jloads: list, call: list) -> str:
           }}"""
 
 
-def _tile_loop(F: int, jloads: list, call: list, store: str, start: str) -> str:
-    """The pairs [start, nj) of a tile, vectorized across j, each value stored by ``store``."""
+def _tile_loop(F: int, loads: tuple, call: list, store: str, start: str,
+               whole: bool = True) -> str:
+    """The pairs [start, nj) of a tile, vectorized across j, each value stored by ``store``
+    (``jp``: the pair's column in the tile).
+
+    By whole blocks of LT_TW columns: every column goes through the same vector code,
+    never through a scalar remainder loop, whose libm functions differ from the vector
+    ones (libmvec) in the last bit; equal pairs then have equal values wherever they are
+    (ties go to the lowest index). A last block past nj reads the staged columns' zero
+    padding, and the j-variables read in place from a copy of its columns (column nj - 1
+    past nj); its values past nj are not stored, or stored where nothing reads them.
+    ``whole`` false: [start, nj) is less than a block (the rest of a sum's lanes)."""
+    jloads, in_place = loads
+    copies = [f"            T Q{k}[LT_TW * {d}];\n"
+              f"            for (int l = 0; l < LT_TW; ++l) for (int c = 0; c < {d}; ++c) "
+              f"Q{k}[l * {d} + c] = P{k}[(j0 + (jq + l < nj ? jq + l : nj - 1)) * {d} + c];"
+              for k, d in in_place.items()]
+    last = {_in_place_load(k, d): f"            const T* y{k} = Q{k} + l * {d};"
+            for k, d in in_place.items()}
+    last_loads = [last.get(j, j) for j in jloads]
+    # the whole blocks as one loop (a loop of blocks cost 9% of a D = 3 argKmin's time)
+    blocks = _block(F, jloads, call, store, start, "jq") if whole else ""
+    return f"""          const int jq = {f"{start} + (nj - {start}) / LT_TW * LT_TW" if whole else start};
+{blocks}
+          if (jq < nj) {{
+{_NL.join(copies)}
+{_block(F, last_loads, call, store, "0", "LT_TW", "jq + ")}
+          }}"""
+
+
+def _block(F: int, jloads: list, call: list, store: str, lo: str, hi: str,
+           at: str = "") -> str:
+    """The pairs ``at`` + l, l in [lo, hi)."""
     return f"""          // GCC ivdep, not omp simd: omp simd privatizes the local arrays before inlining
           // and then fails to vectorize; with ivdep they are scalarized and it vectorizes.
+          // unroll 1: a loop of LT_TW scalar calls unrolled before it is vectorized.
           #pragma GCC ivdep
-          {loop("jj", "nj", start)} {{
+          #pragma GCC unroll 1
+          for (int l = {lo}; l < {hi}; ++l) {{
+            const int jp = {at}l, jj = jp;
 {_NL.join(jloads)}
             {array("o", F)}
             {formula_call(call)}
@@ -276,6 +321,7 @@ def _lane_pairs(F: int, jloads: list, call: list, rest: str, hand_over: str) -> 
           for (; jv + LT_W <= nj; jv += LT_W) {{
             alignas(64) T ob[{F}][LT_W];
             #pragma GCC ivdep
+            #pragma GCC unroll 1
             for (int l = 0; l < LT_W; ++l) {{
               const int jj = jv + l;
 {vec_loads}

@@ -21,17 +21,17 @@ from ..linearize import Linear, column_source
 from ..reductions.lse import LSE_HELPERS
 
 _TEMPLATES = """
-// out[e] = sum_jj w[jj] * B[jj * E + e] for e in [E0, E): passes of up to 8 vectors of
-// accumulators in registers, each weight broadcast, B read row by row (stride E).
-template <int E, int E0, int NV, int LD>
-static LT_INLINE void lt_wpass(const T* __restrict__ w, const T* __restrict__ B, int nj,
-                               T* __restrict__ out) {
+// out[e] = sum_jj w[jj] * B[jj * LD + e] for e in [e0, e0 + NV * LT_W): one pass, NV
+// vectors of accumulators in registers, each weight broadcast, B read row by row.
+template <int NV, int LD>
+static LT_INLINE void lt_wpass(int e0, const T* __restrict__ w, const T* __restrict__ B,
+                               int nj, T* __restrict__ out) {
   lt_vec acc[NV];
   #pragma GCC unroll 8
   for (int v = 0; v < NV; ++v) acc[v] = lt_vec{};
   for (int jj = 0; jj < nj; ++jj) {
     const lt_vec s = lt_vec{} + w[jj];
-    const T* b = B + (size_t)jj * LD + E0;
+    const T* b = B + (size_t)jj * LD + e0;
     #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) {
       lt_vec x;
@@ -40,21 +40,20 @@ static LT_INLINE void lt_wpass(const T* __restrict__ w, const T* __restrict__ B,
     }
   }
   #pragma GCC unroll 8
-  for (int v = 0; v < NV; ++v) memcpy(out + E0 + v * LT_W, &acc[v], sizeof(lt_vec));
+  for (int v = 0; v < NV; ++v) memcpy(out + e0 + v * LT_W, &acc[v], sizeof(lt_vec));
 }
-// LD: the length of B's rows (E, or more when the factor is a slice of a j-variable)
-template <int E, int LD, int E0, bool MORE = (E - E0 >= LT_W)>
-struct LtWsum {
-  enum { LEFT = (E - E0) / LT_W, NV = LEFT < 8 ? LEFT : 8 };
-  static LT_INLINE void run(const T* w, const T* B, int nj, T* out) {
-    lt_wpass<E, E0, NV, LD>(w, B, nj, out);
-    LtWsum<E, LD, E0 + NV * LT_W>::run(w, B, nj, out);
-  }
-};
+// out[e] = sum_jj w[jj] * B[jj * LD + e] for e in [E0, E) (LD: the length of B's rows, E
+// or more when the factor is a slice of a j-variable): a loop of full passes of 8
+// vectors, one shorter pass, then the last E - E0 < LT_W components one by one. A loop,
+// not a pass per template instance: the code (and its compile time) does not grow with E.
 template <int E, int LD, int E0>
-struct LtWsum<E, LD, E0, false> {  // the last E - E0 < LT_W components
+struct LtWsum {
+  enum { FULL = 8 * LT_W, NP = (E - E0) / FULL, LEFT = (E - E0) % FULL / LT_W,
+         TAIL = E0 + NP * FULL + LEFT * LT_W };
   static LT_INLINE void run(const T* w, const T* B, int nj, T* out) {
-    for (int e = E0; e < E; ++e) {
+    for (int p = 0; p < NP; ++p) lt_wpass<8, LD>(E0 + p * FULL, w, B, nj, out);
+    if (LEFT) lt_wpass<(LEFT > 0 ? LEFT : 1), LD>(E0 + NP * FULL, w, B, nj, out);
+    for (int e = TAIL; e < E; ++e) {
       T t = 0;
       for (int jj = 0; jj < nj; ++jj) t += w[jj] * B[(size_t)jj * LD + e];
       out[e] = t;
@@ -62,21 +61,21 @@ struct LtWsum<E, LD, E0, false> {  // the last E - E0 < LT_W components
   }
 };
 // out[q * os + e] (+)= coef * sum_k w[k * wk + q * ws] * B[k * LD + e] for q < Q, e in
-// [E0, E0 + NV * LT_W): Q weighted sums at once, each vector of B loaded once for the Q
+// [e0, e0 + NV * LT_W): Q weighted sums at once, each vector of B loaded once for the Q
 // of them, Q x NV independent accumulators in registers (a GEMM micro-kernel), where one
 // at a time is a chain of loads per multiply-add. The rows of a block against a tile
 // (k: the tile's columns, q: the rows; lt_wblock) and the columns of a tile against a
 // block (k: the rows, q: the columns; the two-sided kernel's lt_jside) are both this;
 // ADD: added into out (else stored).
-template <int E0, int NV, int LD, int Q, bool ADD>
-static LT_INLINE void lt_wpass_block(const T* __restrict__ w, int ws, int wk, int n,
+template <int NV, int LD, int Q, bool ADD>
+static LT_INLINE void lt_wpass_block(int e0, const T* __restrict__ w, int ws, int wk, int n,
                                      const T* __restrict__ B, T coef, T* __restrict__ out,
                                      int os) {
   lt_vec acc[Q][NV];
   #pragma GCC unroll 32
   for (int q = 0; q < Q * NV; ++q) acc[q / NV][q % NV] = lt_vec{};
   for (int k = 0; k < n; ++k) {
-    const T* b = B + (size_t)k * LD + E0;
+    const T* b = B + (size_t)k * LD + e0;
     lt_vec x[NV];
     #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) memcpy(&x[v], b + v * LT_W, sizeof(lt_vec));
@@ -89,7 +88,7 @@ static LT_INLINE void lt_wpass_block(const T* __restrict__ w, int ws, int wk, in
   }
   #pragma GCC unroll 32
   for (int q = 0; q < Q * NV; ++q) {
-    T* o = out + (q / NV) * os + E0 + (q % NV) * LT_W;
+    T* o = out + (q / NV) * os + e0 + (q % NV) * LT_W;
     lt_vec t = coef * acc[q / NV][q % NV];
     if (ADD) { lt_vec p; memcpy(&p, o, sizeof p); t += p; }
     memcpy(o, &t, sizeof t);
@@ -98,21 +97,21 @@ static LT_INLINE void lt_wpass_block(const T* __restrict__ w, int ws, int wk, in
 // vectors per pass: 6 rows x 4 vectors are 24 accumulators of AVX-512's 32 registers
 // (6 x 2 = 12 of 16 below)
 enum { LT_WNV = LT_VB == 64 ? 4 : 2 };
-template <int E, int LD, int E0, int Q, bool ADD, bool MORE = (E - E0 >= LT_W)>
-struct LtWsumBlock {
-  enum { LEFT = (E - E0) / LT_W, NV = LEFT < LT_WNV ? LEFT : LT_WNV };
-  static LT_INLINE void run(const T* w, int ws, int wk, int n, const T* B, T coef, T* out,
-                            int os) {
-    lt_wpass_block<E0, NV, LD, Q, ADD>(w, ws, wk, n, B, coef, out, os);
-    LtWsumBlock<E, LD, E0 + NV * LT_W, Q, ADD>::run(w, ws, wk, n, B, coef, out, os);
-  }
-};
+// [E0, E) by a loop of full passes, one shorter pass and the last components one by one
+// (as LtWsum).
 template <int E, int LD, int E0, int Q, bool ADD>
-struct LtWsumBlock<E, LD, E0, Q, ADD, false> {  // the last E - E0 < LT_W components
+struct LtWsumBlock {
+  enum { FULL = LT_WNV * LT_W, NP = (E - E0) / FULL, LEFT = (E - E0) % FULL / LT_W,
+         TAIL = E0 + NP * FULL + LEFT * LT_W };
   static LT_INLINE void run(const T* w, int ws, int wk, int n, const T* B, T coef, T* out,
                             int os) {
+    for (int p = 0; p < NP; ++p)
+      lt_wpass_block<LT_WNV, LD, Q, ADD>(E0 + p * FULL, w, ws, wk, n, B, coef, out, os);
+    if (LEFT)
+      lt_wpass_block<(LEFT > 0 ? LEFT : 1), LD, Q, ADD>(E0 + NP * FULL, w, ws, wk, n, B, coef,
+                                                      out, os);
     for (int q = 0; q < Q; ++q)
-      for (int e = E0; e < E; ++e) {
+      for (int e = TAIL; e < E; ++e) {
         T t = 0;
         for (int k = 0; k < n; ++k) t += w[(size_t)k * wk + q * ws] * B[(size_t)k * LD + e];
         out[q * os + e] = ADD ? out[q * os + e] + coef * t : coef * t;
