@@ -146,9 +146,10 @@ static __attribute__((noinline)) void lt_dot{D}(const T* __restrict__ A, const T
 def sqdist_fix(D: int) -> str:
     """d = max(|a|² + |b|² - 2 G, 0) in place, and the near-duplicates recomputed directly."""
     return f"""
-// |A_r - B_j|² from the dot products G; where it is below (|A_r|² + |B_j|²) / 16 the
-// subtraction has cancelled most digits, so those pairs are recomputed directly (A and B
-// packed as for lt_dot{D}).
+// |A_r - B_j|² from the dot products G, combined in double (one rounding of the result
+// instead of two, which made near ties of a softmax twice as wrong as dense float32);
+// where it is below (|A_r|² + |B_j|²) / 16 the subtraction has cancelled most digits, so
+// those pairs are recomputed directly (A and B packed as for lt_dot{D}).
 static LT_INLINE void lt_sqdist{D}(const T* __restrict__ A, const T* __restrict__ nA,
                                   const T* __restrict__ B, const T* __restrict__ nB,
                                   int nr, int nj, T* __restrict__ G) {{
@@ -158,11 +159,11 @@ static LT_INLINE void lt_sqdist{D}(const T* __restrict__ A, const T* __restrict_
     int near = 0;
     _Pragma("omp simd reduction(|:near)")
     for (int jj = 0; jj < nj; ++jj) {{
-      const T s = na + nB[jj];
-      T d = s - 2 * g[jj];
+      const double s = (double)na + nB[jj];
+      double d = s - 2 * (double)g[jj];
       d = d < 0 ? 0 : d;  // NaN stays
-      near |= d < s * (T)0.0625;
-      g[jj] = d;
+      near |= d < s * 0.0625;
+      g[jj] = (T)d;
     }}
     if (!near) continue;
     for (int jj = 0; jj < nj; ++jj) {{
