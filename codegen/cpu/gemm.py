@@ -146,9 +146,10 @@ static __attribute__((noinline)) void lt_dot{D}(const T* __restrict__ A, const T
 def sqdist_fix(D: int) -> str:
     """d = max(|a|² + |b|² - 2 G, 0) in place, and the near-duplicates recomputed directly."""
     return f"""
-// |A_r - B_j|² from the dot products G, combined in double (one rounding of the result
-// instead of two, which made near ties of a softmax twice as wrong as dense float32);
-// where it is below (|A_r|² + |B_j|²) / 16 the subtraction has cancelled most digits, so
+// |A_r - B_j|² from the dot products G, as (min(|A_r|², |B_j|²) - 2 G) + max(...): the
+// first rounding at the ulp of |B_j|² - 2 G, about half that of |A_r|² + |B_j|² (that one
+// made near ties of softmax gradients 18x dense float32's error at D = 64), and the same
+// value with the roles of A and B swapped (a backward's f must be its forward's); where it is below (|A_r|² + |B_j|²) / 16 the subtraction has cancelled most digits, so
 // those pairs are recomputed directly (A and B packed as for lt_dot{D}).
 static LT_INLINE void lt_sqdist{D}(const T* __restrict__ A, const T* __restrict__ nA,
                                   const T* __restrict__ B, const T* __restrict__ nB,
@@ -159,11 +160,12 @@ static LT_INLINE void lt_sqdist{D}(const T* __restrict__ A, const T* __restrict_
     int near = 0;
     _Pragma("omp simd reduction(|:near)")
     for (int jj = 0; jj < nj; ++jj) {{
-      const double s = (double)na + nB[jj];
-      double d = s - 2 * (double)g[jj];
+      const T nb = nB[jj], s = na + nb;
+      const T lo = na < nb ? na : nb, hi = na < nb ? nb : na;
+      T d = (lo - 2 * g[jj]) + hi;
       d = d < 0 ? 0 : d;  // NaN stays
-      near |= d < s * 0.0625;
-      g[jj] = (T)d;
+      near |= d < s * (T)0.0625;
+      g[jj] = d;
     }}
     if (!near) continue;
     for (int jj = 0; jj < nj; ++jj) {{
