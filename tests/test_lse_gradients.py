@@ -169,21 +169,23 @@ def test_float32_lse_and_softmax_sums_at_every_dimension(rng, D):
     f = -|x - y|² / eps for eps from 1 to 1e-3, both grad modes (the softmax-weighted sum
     in symbolic mode, the only one it has): within 10x dense float32.
 
-    D >= 16 goes through the dot products' expansion |x|² + |y|² - 2<x, y>; its norms
-    were summed in float32, and the rounding of |y_j|² is the same for every row, so it
-    did not average out: column sums of the weights (``lse grad b``) off by 13x to 235x
-    dense float32 at D = 64 to 784 (issue seeds 413749726, ...).
+    D >= 16 goes through the dot products' expansion |x|² + |y|² - 2<x, y>. Its norms
+    were summed in float32, and the rounding of |y_j|² is the same for every row, so it did
+    not average out: column sums of the weights (``lse grad b``) were off by 13x dense
+    float32's error at D = 64 (seed 413749726 of the test above), more at larger D; and
+    (|x|² + |y|²) - 2<x, y> rounded twice at the ulp of |x|² + |y|²: near ties of the
+    softmax-weighted sums' gradients were 18x (D = 64, seed 3).
 
     The yardstick: dense float32 torch with the D components in 4 orders (as given and 3
-    random permutations; the distance is the same, its rounding is not). One order is one
-    draw of float32's rounding, and these errors are often decided by one near tie: a
-    row whose two largest terms are close, where the error is c * (δ_1 - δ_2), δ the
-    rounding errors of f at the two pairs. Two methods whose rounding errors have the same
-    spread then differ by 10x or more on about 6% of the draws (|Z_1| / |Z_2| > 10 for
-    independent normal Z: 2/π * atan(1/10)); measured: the f of both (dense and the
-    kernels') have the same RMS error (D = 128, eps = 0.1: 1.37e-3 and 1.36e-3), and a
-    seed gave 12x from one row. Against the largest error of 4 orders that chance is
-    below 1e-3."""
+    random permutations; the distance is the same, its rounding is not), the largest of
+    their errors. One order is one draw of float32's rounding, and these errors are often
+    decided by one near tie: a row whose two largest terms are close, where the error is
+    c * (δ_1 - δ_2), δ the rounding errors of f at the two pairs. Two methods whose errors
+    have the same spread then differ by 10x or more on 6% of the draws (|Z_1| / |Z_2| > 10
+    for independent normal Z); measured: the f of dense torch and of the kernels have the
+    same RMS error (D = 128, eps = 0.1: 1.37e-3 and 1.36e-3), and one seed gave 12x from
+    one row. Against the largest of 4 draws that chance is 1e-4 (simulated).
+    """
     n, m = (100, 140) if D <= 128 else (40, 60)
     orders = [np.arange(D)] + [rng.permutation(D) for _ in range(3)]
     for eps in (1.0, 1e-1, 1e-2, 1e-3):
