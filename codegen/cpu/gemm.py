@@ -146,9 +146,11 @@ static __attribute__((noinline)) void lt_dot{D}(const T* __restrict__ A, const T
 def sqdist_fix(D: int) -> str:
     """d = max(|a|² + |b|² - 2 G, 0) in place, and the near-duplicates recomputed directly."""
     return f"""
-// |A_r - B_j|² from the dot products G; where it is below (|A_r|² + |B_j|²) / 16 the
-// subtraction has cancelled most digits, so those pairs are recomputed directly (A and B
-// packed as for lt_dot{D}).
+// |A_r - B_j|² from the dot products G, as (min(|A_r|², |B_j|²) - 2 G) + max(...): the
+// first rounding at the ulp of |B_j|² - 2 G, about half that of |A_r|² + |B_j|² (that one
+// made near ties of softmax gradients 18x dense float32's error at D = 64), and the same
+// value with the roles of A and B swapped (a backward's f must be its forward's); where it is below (|A_r|² + |B_j|²) / 16 the subtraction has cancelled most digits, so
+// those pairs are recomputed directly (A and B packed as for lt_dot{D}).
 static LT_INLINE void lt_sqdist{D}(const T* __restrict__ A, const T* __restrict__ nA,
                                   const T* __restrict__ B, const T* __restrict__ nB,
                                   int nr, int nj, T* __restrict__ G) {{
@@ -158,8 +160,9 @@ static LT_INLINE void lt_sqdist{D}(const T* __restrict__ A, const T* __restrict_
     int near = 0;
     _Pragma("omp simd reduction(|:near)")
     for (int jj = 0; jj < nj; ++jj) {{
-      const T s = na + nB[jj];
-      T d = s - 2 * g[jj];
+      const T nb = nB[jj], s = na + nb;
+      const T lo = na < nb ? na : nb, hi = na < nb ? nb : na;
+      T d = (lo - 2 * g[jj]) + hi;
       d = d < 0 ? 0 : d;  // NaN stays
       near |= d < s * (T)0.0625;
       g[jj] = d;

@@ -10,8 +10,11 @@ into an equivalent one whose pair loop reads precomputed values:
   ``|A_i - B_j|²``, as ``max(|A_i|² + |B_j|² - 2⟨A_i, B_j⟩, 0)``. That form loses the
   digits that ``|A|² + |B|²`` has beyond ``|A - B|²``, so the kernel recomputes directly
   the pairs where ``|A - B|² < (|A|² + |B|²) / 16`` (near-duplicates, the diagonal of a
-  self-kernel): elsewhere the relative error stays within ~32 ulps. Only for D this
-  large does the product beat the direct loop.
+  self-kernel): elsewhere the relative error stays within ~32 ulps. The norms are summed
+  in double (a norm's rounding is shared by a whole row or column of pairs, where the
+  product's is not) and the terms combined as ``(min - 2⟨A, B⟩) + max`` of the two norms
+  (:mod:`lazytensor.codegen.cpu.gemm`). Only for D this large does the product beat the
+  direct loop.
 - **columns** -- a costly expression of one j-variable alone (``|B_j|²``) is computed
   once per j before the pair loop and stored like a j-variable.
 - **rows** -- every maximal subexpression free of j (``|A_i|²``, ``1/σ²``) is computed

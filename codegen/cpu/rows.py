@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from ..render_c import acc_call, array, formula_call, loop
 from .gather import gather_loop, in_place
-from .layout import Layout, stage_chunk
+from .layout import NORM_ACC, Layout, stage_chunk
 
 _NL = "\n"
 _ROWS = loop("i", "i1", "i0", "int64_t")  # the rows of lt_rows, each with its accumulator
@@ -119,7 +119,7 @@ def _dot_buffers(L: Layout, R: str) -> tuple:
 def _pack_rows(L: Layout, n: int, d, R: str) -> str:
     """The rows of block ig, operand of dot product n, packed k-major (zero-padded to R
     rows); for a squared distance, their norms, summed across the block's rows at once
-    (each row in the order of k)."""
+    (each row in the order of k, in ``NORM_ACC``: see :func:`stage_chunk`)."""
     if d.a.op == "var":
         src = f"P{d.a.index} + (ig + r) * {d.a.dim}"
     else:
@@ -127,10 +127,10 @@ def _pack_rows(L: Layout, n: int, d, R: str) -> str:
     norm = ""
     if d.kind == "sqdist":
         norm = f"""
-        T s[{R}] = {{}};
+        {NORM_ACC} s[{R}] = {{}};
         for (int k = 0; k < {d.dim}; ++k)
-          for (int r = 0; r < {R}; ++r) s[r] += Ab[k * {R} + r] * Ab[k * {R} + r];
-        for (int r = 0; r < nr; ++r) nA{n}[ig - i0 + r] = s[r];"""
+          for (int r = 0; r < {R}; ++r) {{ const {NORM_ACC} v = Ab[k * {R} + r]; s[r] += v * v; }}
+        for (int r = 0; r < nr; ++r) nA{n}[ig - i0 + r] = (T)s[r];"""
     return f"""      {{ T* const Ab = A{n} + (ig - i0) * {d.dim};
         for (int r = 0; r < {R}; ++r) {{
           if (r < nr) {{ const T* a = {src}; for (int k = 0; k < {d.dim}; ++k) Ab[k * {R} + r] = a[k]; }}
