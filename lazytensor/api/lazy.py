@@ -521,8 +521,7 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
         >>> x.extract(1, 2).dense().tolist()
         [[[3.0, 2.0]]]
         """
-        start = integer_option(start, "start", "extract", low=0)
-        return self._op("slice", params=(start, integer_option(length, "length", "extract", low=1)))
+        return self._op("slice", params=(_integer_param(start), _integer_param(length)))
 
     def concat(self, other: LazyTensor | Array | float) -> LazyTensor:
         return self._op("concat", other)
@@ -693,7 +692,7 @@ class LazyTensor(KeOpsMethods, RealToComplexMethods):
         >>> Vi(np.array([[0.0], [2.0]])).one_hot(3).dense().tolist()
         [[[1.0, 0.0, 0.0]], [[0.0, 0.0, 1.0]]]
         """
-        return self._op("one_hot", params=(integer_option(D, "D", "one_hot", low=1),))
+        return self._op("one_hot", params=(_integer_param(D),))
 
     def sqnorm2(self) -> LazyTensor:
         """The squared Euclidean norm ``Σ_k x_k²`` of the vector: dimension D gives 1.
@@ -1032,6 +1031,14 @@ def _describe_operand(lt: LazyTensor) -> str:
     text = f"{ir.to_text(lt.formula, limit=60)} of dimension {lt.formula.dim}"
     arrays = [v.describe() for v in lt.variables if not v.is_scalar]
     return f"{text} ({', '.join(arrays)})" if arrays else text
+
+
+def _integer_param(value):
+    """An op's integer parameter as a Python int when it is an integer by the rule of
+    :func:`~lazytensor.core.options.integer_option` (NumPy integers, 0-d integer arrays);
+    anything else is left to the op's own check, which names the op and the parameter."""
+    as_int = integer_value(value)
+    return value if as_int is None else as_int
 
 
 def _symbolic_leaf(v: Variable) -> LazyTensor:
