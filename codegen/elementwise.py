@@ -547,7 +547,7 @@ def _softmax_weight_c(dialect, f, lse, limit):
 
 def _softmax_weight_ref(xp, t, params):
     f, lse = t
-    with_limit = xp.where((f == lse) & (lse == float("inf")), 1 + 0 * f, xp.exp(f - lse))
+    with_limit = xp.where((f == lse) & (lse == float("inf")), 1 + xp.zeros_like(f), xp.exp(f - lse))
     return with_limit if params[0] else xp.exp(f - lse)
 
 

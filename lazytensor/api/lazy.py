@@ -1144,12 +1144,19 @@ def _reduction_signature(red) -> inspect.Signature:
     return inspect.Signature(params, return_annotation=returns)
 
 
+_RECORDS: dict = {}  # reduction name -> (record, method signature), for the methods below
+
+
 def _reduction_method(red):
     """The LazyTensor method of the reduction record ``red``: its name, signature and
     docstring from the record."""
-    sig = _reduction_signature(red)
+    name, sig = red.name, _reduction_signature(red)
+    _RECORDS[name] = red, sig
 
     def method(self, *args, **kwargs):
+        # record and signature read from a module global, not the closure: torch.compile
+        # traces this method on LazyTensors it made itself and wraps only objects it can name
+        red, sig = _RECORDS[name]
         bound = sig.bind(self, *args, **kwargs)
         bound.apply_defaults()
         return self._reduction_call(red, bound.arguments)

@@ -150,12 +150,12 @@ def _vjp_plan(call: ReductionCall, needs: tuple, aux: bool) -> VjpFormulas:
         cot = diff.vjp(G, [xs[k] for k in ks], g_var)
         parts = [cot[xs[k]] for k in ks] + ([weight] if weight is not None else [])
         formula, side_dims, shift = concat(parts), dims, None
-        if axis == 0 and red.lse_output is not None and call.backend != "numpy":
+        if axis == 0 and red.lse_output is not None:
             formula, side_dims, shift = _shifted(call, formula, dims, n_in + red.lse_output)
         sub = call.with_formula(formula, cats, side_dims, "sum", sum_opts, axis=axis)
         tuning = backend.get(sub.backend).tuning
         if tuning is None:  # the reference backend: the formula as it is
-            sides.append(SideGradient(ks, sub, None, weight is not None))
+            sides.append(SideGradient(ks, sub, None, weight is not None, shift))
             continue
         plan = plan_gradient_sum(sub.formula, len(sub.cats), tuning)
         run = dataclasses.replace(sub, formula=plan.split.G if plan.split else plan.formula,
@@ -178,7 +178,9 @@ def _shifted(call: ReductionCall, formula: ir.Node, dims: list, slot: int) -> tu
 
     def fn(node, args):
         if node.op == "softmax_weight" and node.args[1] is lse:
-            return ops.apply("mul", ops.apply("softmax_weight", args[0], m, params=node.params),
+            # exp(f - m) / s with the limit at +inf: a row whose maximum is +inf weighs each
+            # of its s terms at +inf 1/s, as the forward does (s counts them)
+            return ops.apply("mul", ops.apply("softmax_weight", args[0], m, params=(True,)),
                              scale)
         return node if args == node.args else ir.make(node.op, args, node.params, node.dim)
 
@@ -232,8 +234,8 @@ def reduction_vjp(call, inputs, outs, grads, needs, ranges=None, apply=None) -> 
             ms = execute(ms_call, detached, ranges) if apply is None else \
                 apply(ms_call, ranges, *detached)
             m, s = ms[0].split(1, dim=-1)
-            lse = args[slot]  # log s's value, lse's derivative (m is a constant shift)
-            logs = torch.log(s) + (lse - lse.detach())
+            # log s's value, lse's derivative (m is a constant shift)
+            logs = torch.log(s) + _derivative_of(args[slot])
             side_args = [*args[:slot], torch.cat([m, logs], dim=-1), *args[slot + 1:]]
         total = totals[n] if totals else _side_sum(side, side_args, side_ranges, apply)
         if side.normalized:  # Σ_j e C / Σ_j e; no term at all (M = 0): the plain sum, 0
@@ -248,6 +250,13 @@ def reduction_vjp(call, inputs, outs, grads, needs, ranges=None, apply=None) -> 
                 part = part.sum(dim=-2)
             result[k] = unbroadcast(part, inputs[k].shape)
     return result
+
+
+def _derivative_of(t):
+    """0 with ``t``'s derivative; 0 and no derivative where ``t`` is infinite (a row whose
+    log-sum-exp is +inf: ``t - t.detach()`` would be inf - inf = NaN there)."""
+    finite = torch.isfinite(t.detach())
+    return torch.where(finite, t, torch.zeros_like(t)) - torch.where(finite, t.detach(), 0)
 
 
 def _side_sum(side: SideGradient, args: list, ranges=None, apply=None):
