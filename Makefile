@@ -31,7 +31,7 @@ XDIST = $(if $(filter-out 0,$(JOBS)),-n $(JOBS) --dist loadfile)
 # emulator in tests/cuda_emulator through pycuda built against its fake driver: slower, so
 # a target of their own. Without nvcc they are skipped, saying why.
 test: $(STAMP)
-	@echo "make test: the suite takes about 12 minutes on 2 cores; skipped groups are summarized at the end"
+	@echo "make test: the suite takes 11 to 18 minutes on 2 cores; skipped groups are summarized at the end"
 	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "not cuda and not distributed" tests
 
 test-cuda: $(PYCUDA)
