@@ -154,7 +154,7 @@ def _vjp_plan(call: ReductionCall, needs: tuple, aux: bool) -> VjpFormulas:
             formula, side_dims, shift = _shifted(call, formula, dims, n_in + red.lse_output)
         sub = call.with_formula(formula, cats, side_dims, "sum", sum_opts, axis=axis)
         tuning = backend.get(sub.backend).tuning
-        if tuning is None:  # the reference backend: the formula as it is
+        if tuning is None:  # the reference backend: the formula as it is (shift included)
             sides.append(SideGradient(ks, sub, None, weight is not None, shift))
             continue
         plan = plan_gradient_sum(sub.formula, len(sub.cats), tuning)
@@ -255,8 +255,7 @@ def reduction_vjp(call, inputs, outs, grads, needs, ranges=None, apply=None) -> 
 def _derivative_of(t):
     """0 with ``t``'s derivative; 0 and no derivative where ``t`` is infinite (a row whose
     log-sum-exp is +inf: ``t - t.detach()`` would be inf - inf = NaN there)."""
-    finite = torch.isfinite(t.detach())
-    return torch.where(finite, t, torch.zeros_like(t)) - torch.where(finite, t.detach(), 0)
+    return torch.where(torch.isfinite(t.detach()), t - t.detach(), torch.zeros_like(t))
 
 
 def _side_sum(side: SideGradient, args: list, ranges=None, apply=None):
